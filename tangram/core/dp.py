@@ -1,0 +1,434 @@
+"""DPArrange (paper Algorithm 3): units per elastic candidate that minimise the summed duration.
+
+Contract:
+
+1. Everything here is pure: inputs are read-only, nothing is cached across calls, no clock, no randomness.
+2. ``options[i]`` maps each feasible unit count of candidate ``i`` (an ``int >= 0``) to its duration (a finite
+   float). An empty mapping or a negative unit count is :class:`Infeasible`; a non-finite duration is a
+   ``ValueError`` (a caller with an unknown duration must not run the DP at all).
+3. An arrangement is ``(total, units)``: ``units[i]`` is a key of ``options[i]`` and ``total`` is
+   ``sum(options[i][units[i]])``. The optimum is taken over every state the operator allows (for plain unit
+   counts: every ``j <= capacity``, not only ``j == capacity``), so units stay idle when more would not help.
+4. Ties are broken deterministically: among totals within ``TIE_RTOL`` of the optimum the arrangement using
+   the fewest units wins, then the lowest state index; within a DP row the smallest unit count wins.
+5. One table serves every prefix: ``table.best(t)`` is the optimum for the first ``t`` candidates, without a
+   refill. This is what greedy eviction asks for (``t = n, n-1, ...``).
+6. The fast path (:func:`greedy_arrange`, :class:`GreedyTable`) is exact when every candidate's options are a
+   contiguous range ``[lo, hi]`` whose durations are convex in the unit count (:func:`is_convex_range`);
+   :func:`arrange` and :func:`arrange_table` pick it only then.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from math import isfinite
+from typing import Final, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "CONVEX_RTOL",
+    "TIE_RTOL",
+    "Arrangement",
+    "DPOperator",
+    "DPTable",
+    "GreedyTable",
+    "Infeasible",
+    "Options",
+    "PlainOperator",
+    "PrefixTable",
+    "arrange",
+    "arrange_table",
+    "dp_arrange",
+    "greedy_arrange",
+    "is_convex_range",
+    "scalar_prev_matrix",
+]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Options = Sequence[Mapping[int, float]]
+Arrangement = tuple[float, list[int]]
+
+TIE_RTOL: Final = 1e-12
+"""Totals within this relative distance of the optimum count as ties (then fewer units win)."""
+CONVEX_RTOL: Final = 1e-9
+"""Second differences down to ``-CONVEX_RTOL * max|duration|`` still count as convex (float noise)."""
+
+
+class Infeasible(ValueError):
+    """Even the minimum units of the candidates do not fit (or a candidate has no feasible option)."""
+
+
+# --------------------------------------------------------------------------------------------- operators
+
+
+class DPOperator(Protocol):
+    """The topology of one resource for the DP: which states exist and how a grant moves between them.
+
+    States are integers ``0 .. num_states - 1``; ``start`` is the state before any candidate got units.
+    ``prev(state, u)`` is the state before granting ``u`` units that leads to ``state``, or ``-1`` when no
+    such state exists. ``valid(state)`` says whether the state can be realised on the resource right now.
+    ``units_of(state)`` is the number of units handed out in ``state`` (used for the fewer-units tie-break).
+    ``prev_matrix(units)`` is ``prev`` vectorised: row ``r`` holds ``prev(s, units[r])`` for each state ``s``.
+    """
+
+    @property
+    def num_states(self) -> int: ...
+
+    @property
+    def start(self) -> int: ...
+
+    def prev(self, state: int, units: int) -> int: ...
+
+    def valid(self, state: int) -> bool: ...
+
+    def units_of(self, state: int) -> int: ...
+
+    def prev_matrix(self, units: Sequence[int]) -> IntArray: ...
+
+
+def scalar_prev_matrix(operator: DPOperator, units: Sequence[int]) -> IntArray:
+    """``operator.prev_matrix`` built from scalar ``prev`` calls, for operators without a vectorised form."""
+    states = range(operator.num_states)
+    rows = [[operator.prev(s, u) for s in states] for u in units]
+    return np.array(rows, dtype=np.int64).reshape(len(units), operator.num_states)
+
+
+class PlainOperator:
+    """Plain unit counts (CPU cores): state ``j`` means ``j`` units handed out, ``0 <= j <= capacity``."""
+
+    __slots__ = ("_capacity",)
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"`capacity` must be >= 0, got {capacity}")
+        self._capacity = capacity
+
+    @property
+    def capacity(self) -> int:
+        """The free units the table may hand out."""
+        return self._capacity
+
+    @property
+    def num_states(self) -> int:
+        """``capacity + 1`` states: ``0 .. capacity`` units used."""
+        return self._capacity + 1
+
+    @property
+    def start(self) -> int:
+        """No unit used yet."""
+        return 0
+
+    def prev(self, state: int, units: int) -> int:
+        """``state - units`` when both ends are states and ``units >= 0``; ``-1`` otherwise."""
+        before = state - units
+        ok = 0 <= before <= state <= self._capacity
+        return before if ok else -1
+
+    def valid(self, state: int) -> bool:
+        """Every count up to the capacity is realisable."""
+        return 0 <= state <= self._capacity
+
+    def units_of(self, state: int) -> int:
+        """The state is the unit count."""
+        return state
+
+    def prev_matrix(self, units: Sequence[int]) -> IntArray:
+        """``j - u`` for every (u, j), ``-1`` where negative."""
+        u = np.asarray(units, dtype=np.int64).reshape(-1, 1)
+        before = np.arange(self.num_states, dtype=np.int64).reshape(1, -1) - u
+        bad = (before < 0) | (u < 0)
+        return np.where(bad, np.int64(-1), before)
+
+
+# --------------------------------------------------------------------------------------------- validation
+
+
+def _checked(options: Options) -> list[dict[int, float]]:
+    """Copies of the options after checking contract rule 2."""
+    out: list[dict[int, float]] = []
+    for i, opt in enumerate(options):
+        if not opt:
+            raise Infeasible(f"candidate {i} has no feasible unit count")
+        if min(opt) < 0:
+            raise Infeasible(f"candidate {i} has a negative unit count {min(opt)}")
+        bad = [u for u, d in opt.items() if not isfinite(d)]
+        if bad:
+            raise ValueError(f"candidate {i} has a non-finite duration for {bad[0]} units")
+        out.append({int(u): float(d) for u, d in opt.items()})
+    return out
+
+
+def _check_prefix(t: int, n: int) -> None:
+    """``0 <= t <= n`` or a ValueError naming the parameter."""
+    if not 0 <= t <= n:
+        raise ValueError(f"`t` must be in 0..{n}, got {t}")
+
+
+def _total(options: Sequence[Mapping[int, float]], units: Sequence[int]) -> float:
+    """Summed duration of an arrangement, added left to right (the DP's order)."""
+    total = 0.0
+    for opt, u in zip(options, units, strict=True):
+        total += opt[u]
+    return total
+
+
+# --------------------------------------------------------------------------------------------- DP table
+
+
+class PrefixTable(Protocol):
+    """Arrangements for every prefix of one candidate list (a :class:`DPTable` or a :class:`GreedyTable`)."""
+
+    def __len__(self) -> int: ...
+
+    def feasible(self, t: int) -> bool: ...
+
+    def best(self, t: int | None = None) -> Arrangement: ...
+
+
+class DPTable:
+    """Algorithm 3 filled once for a candidate list; ``best(t)`` answers for each prefix without a refill.
+
+    Row ``i`` of the cost table is the optimum per state for the first ``i`` candidates; rows are filled with
+    numpy over all states and all unit counts of a candidate at once (O(n * |units| * states) work).
+    """
+
+    __slots__ = ("_choice", "_cost", "_op", "_options", "_units_of")
+
+    def __init__(self, options: Options, operator: DPOperator) -> None:
+        self._options = _checked(options)
+        self._op = operator
+        states = operator.num_states
+        valid = np.array([operator.valid(s) for s in range(states)], dtype=bool)
+        self._units_of = np.array([operator.units_of(s) for s in range(states)], dtype=np.int64)
+        n = len(self._options)
+        self._cost: FloatArray = np.full((n + 1, states), np.inf)
+        self._choice: IntArray = np.full((n + 1, states), -1, dtype=np.int64)
+        if valid[operator.start]:
+            self._cost[0, operator.start] = 0.0
+        self._fill(valid)
+
+    def __len__(self) -> int:
+        return len(self._options)
+
+    def _fill(self, valid: npt.NDArray[np.bool_]) -> None:
+        """Fill rows 1..n; prev matrices are shared by candidates with the same unit set."""
+        cache: dict[tuple[int, ...], tuple[IntArray, IntArray]] = {}
+        for i, opt in enumerate(self._options, start=1):
+            key = tuple(sorted(opt))
+            if key not in cache:
+                cache[key] = (np.array(key, dtype=np.int64), self._op.prev_matrix(key))
+            units, prev = cache[key]
+            durations = np.array([opt[u] for u in key], dtype=np.float64)
+            self._fill_row(i, units, prev, durations, valid)
+
+    def _fill_row(
+        self, i: int, units: IntArray, prev: IntArray, durations: FloatArray, valid: npt.NDArray[np.bool_]
+    ) -> None:
+        """Row ``i`` from row ``i - 1``; index -1 lands on the appended ``inf`` (no predecessor)."""
+        before = np.append(self._cost[i - 1], np.inf)
+        candidates = before[prev] + durations[:, None]
+        pick = np.argmin(candidates, axis=0)  # first minimum: the smallest unit count
+        row = candidates[pick, np.arange(candidates.shape[1])]
+        row[~valid] = np.inf
+        self._cost[i] = row
+        self._choice[i] = np.where(np.isfinite(row), units[pick], -1)
+
+    def feasible(self, t: int) -> bool:
+        """Whether the first ``t`` candidates fit together at their minimums."""
+        _check_prefix(t, len(self))
+        return bool(np.isfinite(self._cost[t]).any())
+
+    def best(self, t: int | None = None) -> Arrangement:
+        """The optimum for the first ``t`` candidates (all if ``None``); :class:`Infeasible` if none fits."""
+        t = len(self) if t is None else t
+        _check_prefix(t, len(self))
+        state = self._best_state(t)
+        return float(self._cost[t, state]), self._backtrack(t, state)
+
+    def _best_state(self, t: int) -> int:
+        """The final state per contract rule 4."""
+        row = self._cost[t]
+        finite = np.isfinite(row)
+        if not finite.any():
+            raise Infeasible(f"the minimum units of the first {t} candidates do not fit")
+        low = float(row[finite].min())
+        near = np.flatnonzero(row <= low + TIE_RTOL * max(1.0, abs(low)))
+        return int(near[np.argmin(self._units_of[near])])
+
+    def _backtrack(self, t: int, state: int) -> list[int]:
+        """Units per candidate, walking the choices from row ``t`` back to row 1."""
+        units = [0] * t
+        for i in range(t, 0, -1):
+            u = int(self._choice[i, state])
+            units[i - 1] = u
+            state = self._op.prev(state, u)
+        return units
+
+
+def dp_arrange(options: Options, capacity: int) -> Arrangement:
+    """The optimum over every total ``j <= capacity`` of plain units (Algorithm 3, :class:`PlainOperator`).
+
+    Empty ``options`` gives ``(0.0, [])``; raises :class:`Infeasible` when the minimums exceed ``capacity``.
+    """
+    checked = _checked(options)
+    _check_minimums(checked, capacity)
+    return DPTable(checked, PlainOperator(capacity)).best()
+
+
+def _check_minimums(options: Sequence[Mapping[int, float]], capacity: int) -> None:
+    """Raise :class:`Infeasible` (with the shortfall) when the minimums exceed ``capacity``."""
+    if capacity < 0:
+        raise ValueError(f"`capacity` must be >= 0, got {capacity}")
+    need = sum(min(opt) for opt in options)
+    if need > capacity:
+        raise Infeasible(f"the minimums need {need} units but only {capacity} are free")
+
+
+# --------------------------------------------------------------------------------------------- greedy path
+
+
+def _convex_curve(opt: Mapping[int, float]) -> tuple[int, list[float]] | None:
+    """``(lo, [d(lo), .., d(hi)])`` when ``opt`` is a convex contiguous range, else ``None``."""
+    if not opt:
+        return None
+    lo, hi = min(opt), max(opt)
+    if lo < 0 or len(opt) != hi - lo + 1:
+        return None
+    curve = [float(opt[m]) for m in range(lo, hi + 1)]
+    if not all(isfinite(d) for d in curve):
+        return None
+    if len(curve) >= 3:
+        d = np.array(curve)
+        second = d[:-2] - 2.0 * d[1:-1] + d[2:]
+        if float(second.min()) < -CONVEX_RTOL * max(1.0, float(np.abs(d).max())):
+            return None
+    return lo, curve
+
+
+def is_convex_range(opt: Mapping[int, float]) -> bool:
+    """Whether the unit counts are ``lo..hi`` (no gaps) and the durations are convex in the unit count."""
+    return _convex_curve(opt) is not None
+
+
+def _convex_curves(options: Options) -> list[tuple[int, list[float]]]:
+    """The curves of every candidate, or ValueError when one is not a convex range."""
+    curves = []
+    for i, opt in enumerate(options):
+        curve = _convex_curve(opt)
+        if curve is None:
+            raise ValueError(f"candidate {i} is not a convex contiguous range; use arrange() or dp_arrange()")
+        curves.append(curve)
+    return curves
+
+
+def greedy_arrange(options: Options, capacity: int) -> Arrangement:
+    """Exact arrangement for convex ranges: everyone at ``lo``, spare units by largest marginal gain.
+
+    O(R log n) for R spare units. Stops when no gain is ``> 0`` (fewest units among optima); equal gains go
+    to the lower index. Same errors as :func:`dp_arrange`, plus ValueError for a non-convex candidate.
+    """
+    checked = _checked(options)
+    _check_minimums(checked, capacity)
+    curves = _convex_curves(checked)
+    steps = _greedy_steps(curves, capacity - sum(lo for lo, _ in curves))
+    units = [lo + s for (lo, _), s in zip(curves, steps, strict=True)]
+    return _total(checked, units), units
+
+
+def _greedy_steps(curves: Sequence[tuple[int, list[float]]], spare: int) -> list[int]:
+    """Extra units per candidate handed out one at a time from a max-heap of marginal gains."""
+    steps = [0] * len(curves)
+    heap = [(c[1] - c[0], i) for i, (_, c) in enumerate(curves) if len(c) > 1 and c[0] - c[1] > 0]
+    heapq.heapify(heap)  # (-gain, index): the largest gain first, then the lower index
+    while spare > 0 and heap:
+        _, i = heapq.heappop(heap)
+        steps[i] += 1
+        spare -= 1
+        curve, s = curves[i][1], steps[i]
+        if s + 1 < len(curve) and curve[s] - curve[s + 1] > 0:
+            heapq.heappush(heap, (curve[s + 1] - curve[s], i))
+    return steps
+
+
+class GreedyTable:
+    """The greedy of :func:`greedy_arrange` for every prefix, with ``best(t)`` in O(P) numpy work.
+
+    Every positive marginal gain of every candidate (at most ``capacity`` per candidate) is sorted once by
+    (gain descending, candidate, step). For prefix ``t`` the spare units go to the first gains that belong to
+    candidates ``< t``: with convex curves that is exactly the heap greedy's choice.
+    """
+
+    __slots__ = ("_capacity", "_lo", "_lo_prefix", "_options", "_sorted_owner")
+
+    def __init__(self, options: Options, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"`capacity` must be >= 0, got {capacity}")
+        self._options = _checked(options)
+        self._capacity = capacity
+        curves = _convex_curves(self._options)
+        self._lo = np.array([lo for lo, _ in curves], dtype=np.int64)
+        self._lo_prefix = np.concatenate(([0], np.cumsum(self._lo)))
+        self._sorted_owner = _sorted_gain_owners(curves, capacity)
+
+    def __len__(self) -> int:
+        return len(self._options)
+
+    def feasible(self, t: int) -> bool:
+        """Whether the minimums of the first ``t`` candidates fit in the capacity."""
+        _check_prefix(t, len(self))
+        return int(self._lo_prefix[t]) <= self._capacity
+
+    def best(self, t: int | None = None) -> Arrangement:
+        """The optimum for the first ``t`` candidates (all if ``None``); :class:`Infeasible` if none fits."""
+        t = len(self) if t is None else t
+        _check_prefix(t, len(self))
+        spare = self._capacity - int(self._lo_prefix[t])
+        if spare < 0:
+            raise Infeasible(
+                f"the minimums of the first {t} candidates need {spare + self._capacity} units "
+                f"but only {self._capacity} are free"
+            )
+        owners = self._sorted_owner
+        picked = owners[owners < t][:spare]
+        units = (self._lo[:t] + np.bincount(picked, minlength=t)).tolist()
+        return _total(self._options, units), units
+
+
+def _sorted_gain_owners(curves: Sequence[tuple[int, list[float]]], capacity: int) -> IntArray:
+    """Owner (candidate index) of each leading positive gain, in (gain desc, owner, step) order."""
+    gains: list[FloatArray] = []
+    owners: list[IntArray] = []
+    for i, (_, curve) in enumerate(curves):
+        d = np.array(curve[: capacity + 1])
+        g = d[:-1] - d[1:]
+        stop = np.flatnonzero(g <= 0)
+        g = g[: int(stop[0])] if stop.size else g
+        gains.append(g)
+        owners.append(np.full(g.size, i, dtype=np.int64))
+    if not gains:
+        return np.zeros(0, dtype=np.int64)
+    gain, owner = np.concatenate(gains), np.concatenate(owners)
+    step = np.concatenate([np.arange(g.size) for g in gains])
+    order = np.lexsort((step, owner, -gain))
+    return owner[order]
+
+
+# --------------------------------------------------------------------------------------------- dispatch
+
+
+def arrange(options: Options, capacity: int) -> Arrangement:
+    """:func:`greedy_arrange` when every candidate is a convex range, :func:`dp_arrange` otherwise."""
+    if all(is_convex_range(opt) for opt in options):
+        return greedy_arrange(options, capacity)
+    return dp_arrange(options, capacity)
+
+
+def arrange_table(options: Options, capacity: int) -> PrefixTable:
+    """A prefix table over plain units: :class:`GreedyTable` when every candidate is a convex range."""
+    if all(is_convex_range(opt) for opt in options):
+        return GreedyTable(options, capacity)
+    return DPTable(options, PlainOperator(capacity))
