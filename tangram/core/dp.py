@@ -395,7 +395,7 @@ class GreedyTable:
         owners = self._sorted_owner
         picked = owners[owners < t][:spare]
         units = (self._lo[:t] + np.bincount(picked, minlength=t)).tolist()
-        return _total(self._options, units), units
+        return _total(self._options[:t], units), units
 
 
 def _sorted_gain_owners(curves: Sequence[tuple[int, list[float]]], capacity: int) -> IntArray:
