@@ -704,9 +704,9 @@ def _validate(
     out: dict[str, object] = {}
     for name, check in cls._checkers.items():
         if present(name):
-            out[name] = check(values[name], f"{cls.NAME}.{name}")
+            out[name] = check(values[name], f"{cls.__name__}.{name}")
         elif name in cls._required:
-            raise _fail(f"{cls.NAME}.{name}", "missing")
+            raise _fail(f"{cls.__name__}.{name}", "missing")
     return out
 
 
@@ -714,10 +714,10 @@ def _build(cls: type[Message], values: dict[str, object]) -> Message:
     try:
         msg = cls(**values)
     except TypeError as exc:  # a required field that `_required` forgot: still a schema error
-        raise _fail(cls.NAME, str(exc)) from None
+        raise _fail(cls.__name__, str(exc)) from None
     problem = msg._problem()
     if problem is not None:
-        raise _fail(cls.NAME, problem)
+        raise _fail(cls.__name__, problem)
     return msg
 
 
@@ -739,13 +739,13 @@ def encode(msg: Message, request_id: int, blobs: Sequence[bytes] = ()) -> list[b
 
 def _check_sizes(cls: type[Message], frames: Sequence[bytes]) -> None:
     if len(frames[3]) > MAX_BODY_BYTES:
-        raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"{cls.NAME} body over {MAX_BODY_BYTES} bytes")
+        raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"{cls.__name__} body over {MAX_BODY_BYTES} bytes")
     if sum(len(f) for f in frames) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"{cls.NAME} over {MAX_MESSAGE_BYTES} bytes")
+        raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"{cls.__name__} over {MAX_MESSAGE_BYTES} bytes")
     if len(frames) - 4 > MAX_BLOBS:
-        raise ProtocolError(ProtocolErrorKind.SCHEMA, f"{cls.NAME}: more than {MAX_BLOBS} blobs")
+        raise ProtocolError(ProtocolErrorKind.SCHEMA, f"{cls.__name__}: more than {MAX_BLOBS} blobs")
     if len(frames) - 4 < cls._min_blobs:
-        raise ProtocolError(ProtocolErrorKind.SCHEMA, f"{cls.NAME}: needs {cls._min_blobs} blob(s)")
+        raise ProtocolError(ProtocolErrorKind.SCHEMA, f"{cls.__name__}: needs {cls._min_blobs} blob(s)")
 
 
 def _frames(frames: object) -> list[bytes]:
@@ -785,9 +785,9 @@ def _unpack(cls: type[Message], body: bytes) -> dict[str, object]:
     try:
         value = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True, **_UNPACK_LIMITS)
     except Exception as exc:  # noqa: BLE001 - msgpack raises ValueError, UnicodeDecodeError, ExtraData, StackError...
-        raise ProtocolError(ProtocolErrorKind.DECODE, f"{cls.NAME} body: {type(exc).__name__}") from None
+        raise ProtocolError(ProtocolErrorKind.DECODE, f"{cls.__name__} body: {type(exc).__name__}") from None
     if not isinstance(value, dict):
-        raise _fail(cls.NAME, f"body must be a map, got {type(value).__name__}")
+        raise _fail(cls.__name__, f"body must be a map, got {type(value).__name__}")
     return value
 
 
