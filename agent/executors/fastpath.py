@@ -1,0 +1,195 @@
+"""Fast path into a running container: cgroup files and an nsenter argv, no dockerd round trip.
+
+The builders (``parse_*``, ``cgroup_dirs``, ``nsenter_argv``) are pure. The few functions that touch
+cgroupfs (``write_cpuset``, ``make_action_cgroup``, ``kill_cgroup``, ``remove_cgroup``) are small and
+synchronous (each is well under a millisecond); callers run them inline.
+
+An action on the fast path lives in its own sub-cgroup ``tangram-<action>`` of the container's cpuset
+cgroup (v1) or unified cgroup (v2). On v1 that sub-cgroup carries exactly the granted cores, and on both
+it is how the whole process tree is found and killed, including ``setsid`` daemons.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+SUB_PREFIX = "tangram-"
+
+# The wrapper joins every cgroup named before "--" and then execs the rest of its argv.
+JOIN_SCRIPT = 'p=$$; while [ "$1" != -- ]; do echo "$p" > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+
+@dataclass(frozen=True)
+class CgroupMount:
+    root: str  # the mount's root inside the hierarchy (mountinfo field 4)
+    path: str  # mount point
+    controllers: frozenset[str]  # super options (controllers, name=...); empty for cgroup2
+
+
+def parse_mountinfo(text: str) -> list[CgroupMount]:
+    mounts = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, rfields = left.split(), right.split()
+        if len(fields) < 5 or len(rfields) < 3 or rfields[0] not in ("cgroup", "cgroup2"):
+            continue
+        if rfields[0] == "cgroup2":
+            ctrls: frozenset[str] = frozenset()
+        else:
+            ctrls = frozenset(o for o in rfields[2].split(",") if o not in ("rw", "ro"))
+        mounts.append(CgroupMount(fields[3], fields[4], ctrls))
+    return mounts
+
+
+def parse_proc_cgroup(text: str) -> dict[frozenset[str], str]:
+    """/proc/<pid>/cgroup -> {controllers: path}; the v2 line ("0::/x") has an empty key."""
+    out: dict[frozenset[str], str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            out[frozenset(c for c in parts[1].split(",") if c)] = parts[2]
+    return out
+
+
+def cgroup_dirs(proc_cgroup: dict[frozenset[str], str], mounts: list[CgroupMount]) -> dict[frozenset[str], str]:
+    """Absolute cgroupfs directories of a process, keyed by hierarchy controllers."""
+    out: dict[frozenset[str], str] = {}
+    for ctrls, path in proc_cgroup.items():
+        for m in mounts:
+            if _same_hierarchy(ctrls, m.controllers) and (path == m.root or path.startswith(m.root.rstrip("/") + "/")):
+                rel = path[len(m.root.rstrip("/")):].lstrip("/")
+                out[ctrls] = os.path.join(m.path, rel) if rel else m.path
+                break
+    return out
+
+
+def _same_hierarchy(ctrls: frozenset[str], opts: frozenset[str]) -> bool:
+    return ctrls <= opts if ctrls else not opts
+
+
+@dataclass(frozen=True)
+class ContainerCgroups:
+    cpuset: str  # directory holding cpuset.cpus (v1 cpuset hierarchy, or the v2 cgroup)
+    others: tuple[str, ...]  # other hierarchies the action must join (memory, pids, ..., unified)
+    v2: bool
+
+
+def container_cgroups(dirs: dict[frozenset[str], str]) -> ContainerCgroups | None:
+    cpuset = next((d for c, d in dirs.items() if "cpuset" in c), None)
+    if cpuset is not None:
+        others = tuple(sorted(d for c, d in dirs.items() if "cpuset" not in c))
+        return ContainerCgroups(cpuset, others, v2=False)
+    if frozenset() in dirs:
+        return ContainerCgroups(dirs[frozenset()], (), v2=True)
+    return None
+
+
+def discover(pid: int) -> ContainerCgroups | None:
+    with open(f"/proc/{pid}/cgroup") as f:
+        proc = parse_proc_cgroup(f.read())
+    with open("/proc/self/mountinfo") as f:
+        mounts = parse_mountinfo(f.read())
+    return container_cgroups(cgroup_dirs(proc, mounts))
+
+
+SETPRIV_FULL = ("setpriv", "--nnp", "--bounding-set=-all", "--inh-caps=-all")  # util-linux
+SETPRIV_NNP = ("setpriv", "--nnp")  # busybox's applet knows no bounding set
+
+
+def nsenter_argv(
+    pid: int,
+    join: list[str],
+    cmd: str,
+    uid_gid: tuple[int, int] | None = None,
+    setpriv: tuple[str, ...] = (),
+    shell: str = "/bin/sh",
+) -> list[str]:
+    """Argv that joins ``join`` (cgroup.procs files), enters the namespaces of ``pid`` and runs ``cmd``
+    with ``sh -c``. Root and working directory are the target's own (``-r -w``), never host paths:
+    ``--wd=DIR`` would open DIR on the host before entering. ``setpriv`` (the container's own binary)
+    goes in front of the shell to set no_new_privs and, where it can, clear the bounding set."""
+    argv = ["/bin/sh", "-c", JOIN_SCRIPT, "tangram-join", *join, "--"]
+    argv += ["nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
+    if uid_gid is not None:
+        argv += ["-S", str(uid_gid[0]), "-G", str(uid_gid[1])]
+    return [*argv, "--", *setpriv, shell, "-c", cmd]
+
+
+# ---------------------------------------------------------------- cgroupfs effects
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+def write_cpuset(cg_dir: str, cpus: str) -> str:
+    """Write ``cpuset.cpus`` and return what the kernel reports back."""
+    _write(os.path.join(cg_dir, "cpuset.cpus"), cpus)
+    return _read(os.path.join(cg_dir, "cpuset.cpus"))
+
+
+def read_cpuset(cg_dir: str) -> str:
+    return _read(os.path.join(cg_dir, "cpuset.cpus"))
+
+
+def make_action_cgroup(cg: ContainerCgroups, action: str, cpus: str) -> str:
+    """Create the action's sub-cgroup; on v1 it gets exactly ``cpus``. Returns its directory."""
+    sub = os.path.join(cg.cpuset, SUB_PREFIX + action)
+    os.mkdir(sub)
+    try:
+        if not cg.v2:
+            _write(os.path.join(sub, "cpuset.mems"), _read(os.path.join(cg.cpuset, "cpuset.mems")))
+            _write(os.path.join(sub, "cpuset.cpus"), cpus)
+    except OSError:
+        os.rmdir(sub)
+        raise
+    return sub
+
+
+def procs_file(cg_dir: str) -> str:
+    return os.path.join(cg_dir, "cgroup.procs")
+
+
+def cgroup_pids(cg_dir: str) -> list[int]:
+    try:
+        return [int(x) for x in _read(procs_file(cg_dir)).split()]
+    except FileNotFoundError:
+        return []
+
+
+def kill_cgroup(cg_dir: str, deadline_s: float = 5.0) -> bool:
+    """SIGKILL every process in the cgroup until it is empty; True when it emptied in time."""
+    end = time.monotonic() + deadline_s
+    while True:
+        pids = cgroup_pids(cg_dir)
+        if not pids:
+            return True
+        if time.monotonic() > end:
+            return False
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.002)
+
+
+def remove_cgroup(cg_dir: str) -> None:
+    for _ in range(200):
+        try:
+            os.rmdir(cg_dir)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # EBUSY while the last task is still exiting
+            kill_cgroup(cg_dir, 0.05)
+            time.sleep(0.005)
