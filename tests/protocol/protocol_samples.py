@@ -1,4 +1,5 @@
 """One message of every type, with every defaulted field set to a non-default value."""
+
 from __future__ import annotations
 
 import msgpack

@@ -1,4 +1,5 @@
 """Error codes <-> exception classes: a bijection, with retryability from architecture.md section 5."""
+
 from __future__ import annotations
 
 import copy
@@ -112,7 +113,13 @@ def test_exit_codes(cls: type[e.TangramError], exit_code: int) -> None:
 
 
 def test_operator_errors_carry_hints() -> None:
-    for cls in (e.ClusterNotFound, e.ControllerUnreachable, e.HostUnreachable, e.AuthFailed, e.HostKeyMismatch):
+    for cls in (
+        e.ClusterNotFound,
+        e.ControllerUnreachable,
+        e.HostUnreachable,
+        e.AuthFailed,
+        e.HostKeyMismatch,
+    ):
         assert cls("m").hint, cls
     assert e.ClusterNotFound("m", hint="custom").hint == "custom"
 

@@ -4,6 +4,7 @@ Minor versions only add fields, and a decoder fills in what an older peer left o
 field added after protocol 1.0 needs a default. `_required` lists the 1.0 fields without one and
 is frozen: these snapshots change only with a new protocol major.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -130,7 +131,9 @@ def test_required_fields_alone_decode(cls: type[p.Message]) -> None:
     frames = p.encode(msg, 1, blobs)
     frames[3] = msgpack.packb(minimal, use_bin_type=True)
     env = p.decode(frames)
-    defaults = dataclasses.replace(msg, **{f.name: getattr(cls(**minimal), f.name) for f in dataclasses.fields(msg)})
+    defaults = dataclasses.replace(
+        msg, **{f.name: getattr(cls(**minimal), f.name) for f in dataclasses.fields(msg)}
+    )
     assert env.msg == defaults
 
 
@@ -148,7 +151,7 @@ def test_docs_list_every_message() -> None:
     doc = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
     text = doc.read_text(encoding="utf-8")
     for cls in ALL:
-        row = re.search(rf"^\| `0x{cls.TYPE:02X}` \| `{cls.NAME}` \| `{cls.__name__}` \|", text, re.M)
+        row = re.search(rf"^\| `0x{cls.TYPE:02X}` \| `{cls.NAME}` \| `{cls.__name__}` \|", text, re.MULTILINE)
         assert row, f"docs/protocol.md has no table row for 0x{cls.TYPE:02X} {cls.NAME} {cls.__name__}"
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             assert f"`{f.name}" in text[row.start() : text.index("\n", row.start())], (cls.__name__, f.name)

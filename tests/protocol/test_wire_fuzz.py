@@ -1,4 +1,5 @@
 """Fuzz: `decode` returns an Envelope or raises ProtocolError, never anything else."""
+
 from __future__ import annotations
 
 import struct

@@ -2,6 +2,7 @@
 
 This test file is the one place that imports pickle: to build the hostile payload.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -29,7 +30,7 @@ def payloads(canary: pathlib.Path) -> list[bytes]:
 
 def test_the_payload_really_is_hostile(tmp_path: pathlib.Path) -> None:
     proof = tmp_path / "proof"
-    pickle.loads(payloads(proof)[-1])  # noqa: S301 - deliberately, to prove the payload is live
+    pickle.loads(payloads(proof)[-1])
     assert proof.read_text() == "pwned"
 
 

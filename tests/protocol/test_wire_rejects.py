@@ -1,4 +1,5 @@
 """Every way a frame list can be wrong raises ProtocolError with the right kind (reliability.md 3.1)."""
+
 from __future__ import annotations
 
 import struct
@@ -96,7 +97,7 @@ def test_request_id_over_int64() -> None:
 
 
 def test_too_many_blobs() -> None:
-    rejects(exec_with() + [b"b"] * (p.MAX_BLOBS + 1), SCHEMA)
+    rejects([*exec_with(), *[b"b"] * (p.MAX_BLOBS + 1)], SCHEMA)
 
 
 @pytest.mark.parametrize("cls", [p.Put, p.Call, p.PutFile, p.Invoke])
@@ -116,7 +117,7 @@ def test_body_over_one_mib() -> None:
 
 
 def test_message_over_max_bytes() -> None:
-    rejects(exec_with() + [bytes(p.MAX_MESSAGE_BYTES)], TOO_LARGE)
+    rejects([*exec_with(), bytes(p.MAX_MESSAGE_BYTES)], TOO_LARGE)
 
 
 def test_encode_refuses_what_decode_would_refuse() -> None:
@@ -267,7 +268,9 @@ def test_good_ids(good: str) -> None:
     assert p.decode(exec_with(sandbox=good)).msg.sandbox == good  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("bad", ["", "../etc/passwd", "/a/../b", "/a/..", "..", "/a\x00b", "x" * 4097], ids=lambda s: ascii(s)[:20])
+@pytest.mark.parametrize(
+    "bad", ["", "../etc/passwd", "/a/../b", "/a/..", "..", "/a\x00b", "x" * 4097], ids=lambda s: ascii(s)[:20]
+)
 def test_bad_paths(bad: str) -> None:
     rejects(frames_for(p.Get, {"sandbox": "sb", "path": bad}), SCHEMA, r"Get\.path")
 

@@ -1,4 +1,5 @@
 """Every message type survives encode -> decode with non-default values and its blobs."""
+
 from __future__ import annotations
 
 import dataclasses
