@@ -619,6 +619,7 @@ class Kill(Message):
     _required = ("action",)
     action: Id
     attempt: Count = 0
+    epoch: Count = 0
 
 
 @_register(0x47, "PREPARE")
@@ -660,6 +661,7 @@ class Invoke(Message):
     timeout_s: Seconds
     attempt: Positive = 1
     epoch: Count = 0
+    agent_epoch: Count = 0
 
 
 @_register(0x4B, "SHUTDOWN")
