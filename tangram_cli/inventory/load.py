@@ -62,13 +62,14 @@ class StrictLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
             line = key_node.start_mark.line + 1
             try:
-                first = seen.setdefault(key, line)
+                if key in seen:
+                    self.duplicates.append(Problem(f"line {line}", f"duplicate key {key!r} (first at line {seen[key]})"))
+                else:
+                    seen[key] = line
             except TypeError:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"unhashable key {key!r}", key_node.start_mark
                 ) from None
-            if first != line:
-                self.duplicates.append(Problem(f"line {line}", f"duplicate key {key!r} (first at line {first})"))
         return super().construct_mapping(node, deep=deep)
 
 
@@ -215,8 +216,14 @@ def validate(cls: type[BaseModel], data: Any, path: tuple[Any, ...], problems: l
     try:
         return cls.model_validate(data if data is not None else {})
     except ValidationError as exc:
-        for err in exc.errors():
-            problems.append(Problem(fmt_path(path + tuple(err["loc"])), _message(err, cls)))
+        errors = exc.errors()
+        found = [(tuple(err["loc"]), _message(err, cls), err["type"]) for err in errors]
+        # a misspelt required key: keep "unknown key (did you mean 'limit'?)", drop "limit: required key missing"
+        suggested = {loc[:-1] + (msg.split("'")[-2],) for loc, msg, kind in found
+                     if kind == "extra_forbidden" and "did you mean" in msg}
+        for loc, msg, kind in found:
+            if not (kind == "missing" and loc in suggested):
+                problems.append(Problem(fmt_path(path + loc), msg))
         return None
 
 
@@ -276,6 +283,8 @@ def _group_entries(gname: str, raw_hosts: list[Any], problems: list[Problem]) ->
         if isinstance(raw, dict):
             spec = validate(m.HostSpec, raw, ("groups", gname, "hosts", i), problems)
             if spec is None:
+                if isinstance(raw.get("host"), str):  # still report a bad host name
+                    _expand_entry(raw["host"], f"{path}.host", problems)
                 continue
             raw = spec.host
         expanded = _expand_entry(raw, f"{path}.host" if spec else path, problems)
