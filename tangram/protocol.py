@@ -17,6 +17,9 @@ Rules (docs/protocol.md has the table of every message):
 4. Every failure to decode raises `ProtocolError(kind, message)`; nothing else escapes
    `decode`. A controller replies `Error.from_exception(exc)` (BAD_REQUEST or VERSION).
 5. Never pickle: bodies are msgpack, payloads are msgpack or raw bytes.
+
+Layout: limits and field constraints, the checkers compiled from field annotations, the
+message declarations (most of the module's length: one short dataclass per type), the codec.
 """
 
 from __future__ import annotations
