@@ -11,6 +11,7 @@ nested brackets, empty items, reversed ranges and lists over ``MAX_HOSTS`` raise
 last number collapse into one bracket group (``cpu-01 cpu-02 cpu-03`` -> ``cpu-[01-03]``),
 and ``expand(compress(names))`` yields the same set of names.
 """
+
 from __future__ import annotations
 
 import itertools

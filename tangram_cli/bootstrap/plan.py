@@ -8,6 +8,7 @@ check the strings. ``bootstrap/ssh.py`` only runs them.
 Remote paths may start with ``~/``; ``sh_path`` turns that into ``"$HOME"/...`` so the shell
 still expands it after quoting, and ``sftp_path`` into a path relative to the login directory.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,7 +23,7 @@ PROBE_BOOTSTRAP = "import sys,json;exec(json.loads(sys.stdin.readline()))"
 
 # Runs on the node under any python3 >= 3.8 with the standard library only. It must never raise:
 # every fact is gathered on its own, and a failure becomes null plus an entry in "errors".
-FACTS_SCRIPT = r'''
+FACTS_SCRIPT = r"""
 import json, os, platform, shutil, sys
 facts, errors = {}, {}
 def fact(name, fn):
@@ -87,7 +88,7 @@ fact("modules", modules)
 facts["errors"] = errors
 sys.stdout.write(json.dumps(facts, sort_keys=True) + "\n")
 sys.stdout.flush()
-'''
+"""
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,7 +109,7 @@ def sftp_path(path: str) -> str:
     """SFTP paths are relative to the login directory; ``~/x`` becomes ``x``."""
     if path == "~":
         return "."
-    return path[2:] if path.startswith("~/") else path
+    return path.removeprefix("~/")
 
 
 def join(*parts: str) -> str:
@@ -223,14 +224,31 @@ class HostPlan:
 def host_plan(node: object, cluster: str, digest: str, *, system_site_packages: bool = False) -> HostPlan:
     """The steps for one inventory node (any object with the ``Node`` attributes)."""
     workdir, python = node.workdir, node.python  # type: ignore[attr-defined]
-    bdir, venv, run_dir = bundle_dir(workdir, cluster, digest), venv_dir(workdir, cluster, digest), cluster_dir(workdir, cluster)
+    bdir, venv, run_dir = (
+        bundle_dir(workdir, cluster, digest),
+        venv_dir(workdir, cluster, digest),
+        cluster_dir(workdir, cluster),
+    )
     host = node.host  # type: ignore[attr-defined]
     dest = f"{node.user}@{'[' + host + ']' if ':' in host else host}:{node.port}"  # type: ignore[attr-defined]
     steps = (
         Step("connect", f"ssh {dest} (host key {node.host_key_policy}, timeout {node.connect_timeout_ms}ms)"),  # type: ignore[attr-defined]
-        Step("probe", "python, cores, NUMA, memory, cgroup, docker, GPUs, disk", argv_to_command(probe_argv(python)), probe_stdin()),
-        Step("upload", f"sftp bundle to .../bundles/{digest[:12]}... unless its .complete matches", mkdir_command(bdir)),
-        Step("install", f"venv {venv}", install_command(python, bdir, venv, system_site_packages=system_site_packages)),
+        Step(
+            "probe",
+            "python, cores, NUMA, memory, cgroup, docker, GPUs, disk",
+            argv_to_command(probe_argv(python)),
+            probe_stdin(),
+        ),
+        Step(
+            "upload",
+            f"sftp bundle to .../bundles/{digest[:12]}... unless its .complete matches",
+            mkdir_command(bdir),
+        ),
+        Step(
+            "install",
+            f"venv {venv}",
+            install_command(python, bdir, venv, system_site_packages=system_site_packages),
+        ),
         Step("start", f"agent in {run_dir}", start_command(run_dir, venv)),
         Step("wait", "until the agent registers with the controller"),
     )

@@ -15,6 +15,7 @@ Policy (reliability.md section 4, SSH bootstrap):
 * ``run_on_hosts`` bounds concurrency (8 by default: sshd's ``MaxStartups`` starts dropping
   unauthenticated connections at 10).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -101,8 +102,12 @@ class _Client(asyncssh.SSHClient):
             return False
         self.store.add(self.host, self.port, key)
         self.verdict = "recorded"
-        log.warning("recorded new host key for %s: %s %s", host_pattern(self.host, self.port),
-                    key.get_algorithm(), self.fingerprint)
+        log.warning(
+            "recorded new host key for %s: %s %s",
+            host_pattern(self.host, self.port),
+            key.get_algorithm(),
+            self.fingerprint,
+        )
         return True
 
 
@@ -113,14 +118,20 @@ class _Client(asyncssh.SSHClient):
 def _classify(exc: BaseException, node: Any, client: _Client | None) -> BootstrapError:
     where = f"{node.user}@{host_pattern(node.host, node.port)}"
     name = getattr(node, "name", node.host)
-    if isinstance(exc, asyncssh.HostKeyNotVerifiable) or (client and client.verdict in ("mismatch", "unknown")):
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable) or (
+        client and client.verdict in ("mismatch", "unknown")
+    ):
         if client is not None and client.verdict == "unknown":
             return HostKeyMismatch(
-                f"{name}: no recorded host key for {host_pattern(node.host, node.port)} (host_key_policy strict)",
-                host=name, hint="add the host's key to Tangram's known_hosts file, or use host_key_policy: accept-new",
+                f"{name}: no recorded host key for {host_pattern(node.host, node.port)} "
+                "(host_key_policy strict)",
+                host=name,
+                hint="add the host's key to Tangram's known_hosts file, or use host_key_policy: accept-new",
             )
         fp = f" (offered {client.fingerprint})" if client and client.fingerprint else ""
-        return HostKeyMismatch(f"{name}: host key for {host_pattern(node.host, node.port)} changed{fp}", host=name)
+        return HostKeyMismatch(
+            f"{name}: host key for {host_pattern(node.host, node.port)} changed{fp}", host=name
+        )
     if isinstance(exc, asyncssh.PermissionDenied):
         return AuthFailed(f"{name}: permission denied for {where} (public key)", host=name)
     if isinstance(exc, socket.gaierror):
@@ -128,9 +139,13 @@ def _classify(exc: BaseException, node: Any, client: _Client | None) -> Bootstra
     if isinstance(exc, asyncio.TimeoutError | TimeoutError):
         return HostUnreachable(f"{name}: timed out connecting to {where}", host=name)
     if isinstance(exc, ConnectionRefusedError):
-        return HostUnreachable(f"{name}: connection refused by {host_pattern(node.host, node.port)}", host=name)
+        return HostUnreachable(
+            f"{name}: connection refused by {host_pattern(node.host, node.port)}", host=name
+        )
     if isinstance(exc, OSError | asyncssh.ConnectionLost):
-        return HostUnreachable(f"{name}: cannot reach {where}: {getattr(exc, 'strerror', None) or exc}", host=name)
+        return HostUnreachable(
+            f"{name}: cannot reach {where}: {getattr(exc, 'strerror', None) or exc}", host=name
+        )
     if isinstance(exc, asyncssh.Error):
         return BootstrapError(f"{name}: ssh to {where} failed: {exc.reason}", host=name)
     return BootstrapError(f"{name}: ssh to {where} failed: {type(exc).__name__}: {exc}", host=name)
@@ -144,8 +159,10 @@ def _client_keys(node: Any) -> list[asyncssh.SSHKey] | None:
         return [asyncssh.read_private_key(path)]
     except (OSError, asyncssh.KeyImportError) as exc:
         raise AuthFailed(
-            f"{node.name}: cannot read identity_file {node.identity_file}: {getattr(exc, 'strerror', None) or exc}",
-            host=node.name, hint="point ssh.identity_file at an unencrypted private key (a dedicated deploy key)",
+            f"{node.name}: cannot read identity_file {node.identity_file}: "
+            f"{getattr(exc, 'strerror', None) or exc}",
+            host=node.name,
+            hint="point ssh.identity_file at an unencrypted private key (a dedicated deploy key)",
         ) from None
 
 
@@ -200,7 +217,7 @@ async def _connect_once(
         options.update(client_keys=keys, agent_path=None)
     try:
         return await asyncssh.connect(node.host, **options)
-    except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError, asyncssh.Error) as exc:
         raise _classify(exc, node, client) from exc
 
 
@@ -302,19 +319,26 @@ async def _write(sftp: asyncssh.SFTPClient, path: str, data: bytes) -> None:
     await sftp.posix_rename(tmp, path)
 
 
-async def probe(conn: asyncssh.SSHClientConnection, python: str = "python3", timeout: float = 60.0) -> dict[str, Any]:
+async def probe(
+    conn: asyncssh.SSHClientConnection, python: str = "python3", timeout: float = 60.0
+) -> dict[str, Any]:
     """Run the stdlib facts script (plan.FACTS_SCRIPT) and return its JSON facts."""
     import json
 
     r = await run(conn, plan.probe_argv(python), stdin=plan.probe_stdin(), timeout=timeout)
     host = conn.get_extra_info("peername", ("?", 0))[0]
     if not r.ok:
-        raise BootstrapError(f"{host}: probe failed (exit {r.exit_status}): {r.stderr.strip()[-200:]}", host=host,
-                             hint=f"check that {shlex.quote(python)} (Python >= 3.8) runs on the node")
+        raise BootstrapError(
+            f"{host}: probe failed (exit {r.exit_status}): {r.stderr.strip()[-200:]}",
+            host=host,
+            hint=f"check that {shlex.quote(python)} (Python >= 3.8) runs on the node",
+        )
     try:
         facts: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise BootstrapError(f"{host}: probe printed no JSON facts", host=host, detail=r.stdout[-500:]) from None
+        raise BootstrapError(
+            f"{host}: probe printed no JSON facts", host=host, detail=r.stdout[-500:]
+        ) from None
     return facts
 
 

@@ -1,4 +1,5 @@
 """`tangram inventory validate|show`: check an inventory without touching the network."""
+
 from __future__ import annotations
 
 import json
@@ -60,22 +61,34 @@ def validate(file: str | None, as_json: bool) -> None:
         if not as_json:
             raise
         problems = getattr(exc, "problems", None)
-        errors = [{"path": p.path, "problem": p.message} for p in problems] if problems else [
-            {"path": "", "problem": exc.message}
-        ]
-        click.echo(json.dumps({"ok": False, "source": file or os.environ.get(ENV), "errors": errors}, indent=2))
+        errors = (
+            [{"path": p.path, "problem": p.message} for p in problems]
+            if problems
+            else [{"path": "", "problem": exc.message}]
+        )
+        click.echo(
+            json.dumps({"ok": False, "source": file or os.environ.get(ENV), "errors": errors}, indent=2)
+        )
         sys.exit(exc.exit_code)
     if as_json:
         nodes = [n.name for n in inv.nodes]
-        click.echo(json.dumps({"ok": True, "source": source, "cluster": inv.cluster, "nodes": nodes, "errors": []}))
+        click.echo(
+            json.dumps({"ok": True, "source": source, "cluster": inv.cluster, "nodes": nodes, "errors": []})
+        )
     else:
         click.echo(_summary(inv))
 
 
 @command.command("show")
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="A table of nodes, or the whole resolved inventory as JSON.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A table of nodes, or the whole resolved inventory as JSON.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Same as -o json.")
 def show(file: str | None, output: str, as_json: bool) -> None:
     """Print FILE after defaults, group vars, host overrides and units are applied.
@@ -101,7 +114,19 @@ def _table(inv: Any) -> None:
     ports = f"{c.ports.agents}/{c.ports.submit}/{c.ports.status}"
     head = f"cluster {inv.cluster}  controller {c.bind} (advertise {c.advertise}, ports {ports})"
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("NODE", "GROUP", "ROLE", "ADDRESS", "USER", "CPUS", "IDLE", "MEM", "EXECUTOR", "GPUS", "SERVICES"):
+    for col in (
+        "NODE",
+        "GROUP",
+        "ROLE",
+        "ADDRESS",
+        "USER",
+        "CPUS",
+        "IDLE",
+        "MEM",
+        "EXECUTOR",
+        "GPUS",
+        "SERVICES",
+    ):
         table.add_column(col)
     for n in inv.nodes:
         address = "local" if n.connection == "local" else n.address
@@ -109,15 +134,24 @@ def _table(inv: Any) -> None:
         if n.emulated_gpus:
             gpus += f" x {n.gpu_mem_mib // 1024}GiB (emulated)" if n.gpu_mem_mib else " (emulated)"
         table.add_row(
-            n.name, n.group, n.role, address, n.user if n.connection != "local" else "-",
-            format_cpuset(n.cpus) or "all", format_cpuset(n.idle_cpus) or "-",
-            f"{n.mem_mib // 1024}GiB" if n.mem_mib else "probe", n.executor, gpus if n.gpus else "-",
+            n.name,
+            n.group,
+            n.role,
+            address,
+            n.user if n.connection != "local" else "-",
+            format_cpuset(n.cpus) or "all",
+            format_cpuset(n.idle_cpus) or "-",
+            f"{n.mem_mib // 1024}GiB" if n.mem_mib else "probe",
+            n.executor,
+            gpus if n.gpus else "-",
             ",".join(s.name for s in n.services) or "-",
         )
     width = None if sys.stdout.isatty() else 200  # no TTY: do not squeeze columns into 80
     console = Console(no_color=bool(os.environ.get("NO_COLOR")), width=width)
     console.print(head, highlight=False)
     console.print(table)
-    extra = [f"api {a.name} {a.mode} {a.limit}" for a in inv.apis] + [f"profile {p.name}" for p in inv.profiles]
+    extra = [f"api {a.name} {a.mode} {a.limit}" for a in inv.apis] + [
+        f"profile {p.name}" for p in inv.profiles
+    ]
     if extra:
         console.print("  ".join(extra), highlight=False)

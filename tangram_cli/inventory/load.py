@@ -8,6 +8,7 @@ and cross-node checks (a host in two groups, duplicate ``host:port``, overlappin
 chunks larger than the node, unknown profiles). Every problem is collected; if there are any,
 one ``InventoryError`` lists them all, one ``path: problem`` per line.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,9 +32,19 @@ from tangram.errors import InventoryError
 from tangram_cli import hostlist
 from tangram_cli.inventory import model as m
 
-__all__ = ["Problem", "load_inventory", "local_default", "local_inventory_text", "parse_yaml", "to_dict", "to_json"]
+__all__ = [
+    "Problem",
+    "load_inventory",
+    "local_default",
+    "local_inventory_text",
+    "parse_yaml",
+    "to_dict",
+    "to_json",
+]
 
-HINT = "fix the entries above (see inventory/README.md for every field), then rerun `tangram inventory validate`"
+HINT = (
+    "fix the entries above (see inventory/README.md for every field), then rerun `tangram inventory validate`"
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +74,9 @@ class StrictLoader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             try:
                 if key in seen:
-                    self.duplicates.append(Problem(f"line {line}", f"duplicate key {key!r} (first at line {seen[key]})"))
+                    self.duplicates.append(
+                        Problem(f"line {line}", f"duplicate key {key!r} (first at line {seen[key]})")
+                    )
                 else:
                     seen[key] = line
             except TypeError:
@@ -75,7 +88,9 @@ class StrictLoader(yaml.SafeLoader):
 
 # YAML 1.1 reads 22:22 as the base-60 integer 1342; keep ints decimal/hex/octal only.
 StrictLoader.yaml_implicit_resolvers = {
-    ch: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    ch: [
+        (tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    ]
     for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 StrictLoader.add_implicit_resolver(
@@ -160,7 +175,7 @@ def did_you_mean(word: Any, choices: list[str]) -> str:
 
 def _looks_secret(key: str) -> bool:
     k = key.lower().replace("-", "_")
-    return any(k == w or k.endswith("_" + w) or k.endswith(w) for w in m.SECRET_WORDS) and k != "key_env"
+    return k != "key_env" and k.endswith(m.SECRET_WORDS)
 
 
 def _describe(value: Any) -> str:
@@ -185,12 +200,19 @@ def _message(err: Mapping[str, Any], cls: type[BaseModel]) -> str:
     if kind == "extra_forbidden":
         key = str(loc[-1])
         if _looks_secret(key):
-            return "inline secrets are not allowed; put the secret in an environment variable on the controller and name it with key_env"
+            return (
+                "inline secrets are not allowed; put the secret in an environment variable "
+                "on the controller and name it with key_env"
+            )
         return "unknown key" + did_you_mean(key, _fields_at(cls, loc[:-1]))
     if kind == "missing":
         return "required key missing"
     if kind == "string_type":
-        why = f"; {_QUOTE}" if isinstance(value, bool | int | float) or type(value).__name__ in ("date", "datetime") else ""
+        why = (
+            f"; {_QUOTE}"
+            if isinstance(value, bool | int | float) or type(value).__name__ in ("date", "datetime")
+            else ""
+        )
         return f"expected a string, got {_describe(value)}{why}"
     if kind in ("int_type", "int_from_float", "int_parsing"):
         return f"expected a whole number, got {_describe(value)}"
@@ -205,7 +227,11 @@ def _message(err: Mapping[str, Any], cls: type[BaseModel]) -> str:
     if kind == "literal_error":
         expected = err.get("ctx", {}).get("expected", "")
         choices = re.findall(r"'([^']*)'", expected)
-        hint = did_you_mean(value, choices) if isinstance(value, str) else (f"; {_QUOTE}" if isinstance(value, bool) else "")
+        hint = (
+            did_you_mean(value, choices)
+            if isinstance(value, str)
+            else (f"; {_QUOTE}" if isinstance(value, bool) else "")
+        )
         return f"must be one of {expected}, got {value!r}{hint}"
     msg = str(err["msg"])
     return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
@@ -218,9 +244,13 @@ def validate(cls: type[BaseModel], data: Any, path: tuple[Any, ...], problems: l
     except ValidationError as exc:
         errors = exc.errors()
         found = [(tuple(err["loc"]), _message(err, cls), err["type"]) for err in errors]
-        # a misspelt required key: keep "unknown key (did you mean 'limit'?)", drop "limit: required key missing"
-        suggested = {loc[:-1] + (msg.split("'")[-2],) for loc, msg, kind in found
-                     if kind == "extra_forbidden" and "did you mean" in msg}
+        # a misspelt required key: keep "unknown key (did you mean 'limit'?)",
+        # drop "limit: required key missing"
+        suggested = {
+            (*loc[:-1], msg.split("'")[-2])
+            for loc, msg, kind in found
+            if kind == "extra_forbidden" and "did you mean" in msg
+        }
         for loc, msg, kind in found:
             if not (kind == "missing" and loc in suggested):
                 problems.append(Problem(fmt_path(path + loc), msg))
@@ -261,7 +291,9 @@ def _split_destination(text: str) -> tuple[str | None, str, int | None]:
 
 def _expand_entry(text: Any, path: str, problems: list[Problem]) -> list[tuple[str, str | None, int | None]]:
     if not isinstance(text, str):
-        problems.append(Problem(path, f"expected a host name or a mapping with 'host', got {_describe(text)}"))
+        problems.append(
+            Problem(path, f"expected a host name or a mapping with 'host', got {_describe(text)}")
+        )
         return []
     try:
         user, pattern, port = _split_destination(text)
@@ -289,7 +321,9 @@ def _group_entries(gname: str, raw_hosts: list[Any], problems: list[Problem]) ->
             raw = spec.host
         expanded = _expand_entry(raw, f"{path}.host" if spec else path, problems)
         if spec and spec.name and len(expanded) > 1:
-            problems.append(Problem(f"{path}.name", f"'name' needs a single host, {raw!r} has {len(expanded)}"))
+            problems.append(
+                Problem(f"{path}.name", f"'name' needs a single host, {raw!r} has {len(expanded)}")
+            )
             continue
         for host, user, port in expanded:
             entries.append(_Entry(path, gname, host, spec.name if spec else None, user, port, spec))
@@ -340,8 +374,12 @@ def _resolve_node(
     vs = dict(_VARS_BASE, gpus="all" if role == "gpu" else 0)
     conn = defaults.connection or "ssh"
     vs.update({k: v for k, v in (("python", defaults.python), ("workdir", defaults.workdir)) if v})
-    for layer_ssh, layer_vars in ((defaults.ssh, None), (group.ssh, group.vars), *(
-        [(e.spec.ssh, e.spec.vars)] if e.spec else []), (flags.ssh, flags.vars)):
+    for layer_ssh, layer_vars in (
+        (defaults.ssh, None),
+        (group.ssh, group.vars),
+        *([(e.spec.ssh, e.spec.vars)] if e.spec else []),
+        (flags.ssh, flags.vars),
+    ):
         ssh.update(_set(layer_ssh))
         vs.update(_set(layer_vars))
     if e.user:
@@ -358,11 +396,27 @@ def _resolve_node(
         for s in vs["services"]
     )
     return m.Node(
-        name=e.name or host, host=host, port=ssh["port"], user=ssh["user"], identity_file=ssh["identity_file"],
-        role=role, cpus=vs["cpus"], idle_cpus=tuple(vs["idle_cpus"]), mem_mib=vs["mem"], executor=vs["executor"],
-        image=vs["image"], gpus=vs["gpus"], services=services, workdir=vs["workdir"], python=vs["python"],
-        host_key_policy=ssh["host_key_policy"], connect_timeout_ms=ssh["connect_timeout"], connection=conn,
-        group=e.group, emulated_gpus=bool(vs["emulated_gpus"]), gpu_mem_mib=vs["gpu_mem"],
+        name=e.name or host,
+        host=host,
+        port=ssh["port"],
+        user=ssh["user"],
+        identity_file=ssh["identity_file"],
+        role=role,
+        cpus=vs["cpus"],
+        idle_cpus=tuple(vs["idle_cpus"]),
+        mem_mib=vs["mem"],
+        executor=vs["executor"],
+        image=vs["image"],
+        gpus=vs["gpus"],
+        services=services,
+        workdir=vs["workdir"],
+        python=vs["python"],
+        host_key_policy=ssh["host_key_policy"],
+        connect_timeout_ms=ssh["connect_timeout"],
+        connection=conn,
+        group=e.group,
+        emulated_gpus=bool(vs["emulated_gpus"]),
+        gpu_mem_mib=vs["gpu_mem"],
     )
 
 
@@ -371,7 +425,9 @@ def _node_problems(n: m.Node) -> list[str]:
     out: list[str] = []
     if n.cpus is not None and set(n.cpus) & set(n.idle_cpus):
         both = m.format_cpuset(tuple(sorted(set(n.cpus) & set(n.idle_cpus))))
-        out.append(f"cpus {m.format_cpuset(n.cpus)} overlap idle_cpus {m.format_cpuset(n.idle_cpus)} on {both}")
+        out.append(
+            f"cpus {m.format_cpuset(n.cpus)} overlap idle_cpus {m.format_cpuset(n.idle_cpus)} on {both}"
+        )
     count = n.gpu_count
     if n.role == "cpu" and (n.services or (count or 0) > 0 or n.gpus == "all"):
         out.append("a cpu node has gpus or services; use role: gpu")
@@ -390,7 +446,9 @@ def _node_problems(n: m.Node) -> list[str]:
         if count is not None and max(s.gpus) > count:
             out.append(f"service {s.name!r} asks for chunks of {max(s.gpus)} GPUs; the node has {count}")
         if s.gpu_mem_mib and n.gpu_mem_mib and s.gpu_mem_mib > n.gpu_mem_mib:
-            out.append(f"service {s.name!r} gpu_mem {s.gpu_mem_mib}MiB is more than the GPU's {n.gpu_mem_mib}MiB")
+            out.append(
+                f"service {s.name!r} gpu_mem {s.gpu_mem_mib}MiB is more than the GPU's {n.gpu_mem_mib}MiB"
+            )
         if s.host_mem_mib and n.mem_mib and s.host_mem_mib > n.mem_mib:
             out.append(f"service {s.name!r} host_mem is more than the node's mem")
     if n.connection == "local" and not m.is_loopback(n.host):
@@ -404,7 +462,9 @@ def _group_overlap(entries: list[_Entry], problems: list[Problem]) -> None:
         host = e.host.strip("[]")
         seen = first.setdefault(host, e)
         if seen.group != e.group:
-            problems.append(Problem(e.path, f"host {host} is also in group {seen.group!r}; a host belongs to one group"))
+            problems.append(
+                Problem(e.path, f"host {host} is also in group {seen.group!r}; a host belongs to one group")
+            )
 
 
 def _cross_checks(pairs: list[tuple[_Entry, m.Node]], problems: list[Problem]) -> None:
@@ -437,13 +497,19 @@ def _mapping_section(data: dict[str, Any], key: str, problems: list[Problem]) ->
         return {}
     for name in raw:
         if not isinstance(name, str) or not m.ID_RE.match(name):
-            problems.append(Problem(f"{key}.{name}", "invalid name (letters, digits, '_', '.', '-'; quote numbers)"))
+            problems.append(
+                Problem(f"{key}.{name}", "invalid name (letters, digits, '_', '.', '-'; quote numbers)")
+            )
     return {k: v for k, v in raw.items() if isinstance(k, str) and m.ID_RE.match(k)}
 
 
-def _resolve(data: Any, overrides: Mapping[str, Any] | None, source: str, problems: list[Problem]) -> m.Inventory | None:
+def _resolve(
+    data: Any, overrides: Mapping[str, Any] | None, source: str, problems: list[Problem]
+) -> m.Inventory | None:
     if not isinstance(data, dict):
-        problems.append(Problem("", f"the inventory must be a mapping with 'version: 1', got {_describe(data)}"))
+        problems.append(
+            Problem("", f"the inventory must be a mapping with 'version: 1', got {_describe(data)}")
+        )
         return None
     top = validate(m.InventorySpec, data, (), problems)
     defaults = validate(m.DefaultsSpec, data.get("defaults"), ("defaults",), problems)
@@ -466,15 +532,25 @@ def _resolve(data: Any, overrides: Mapping[str, Any] | None, source: str, proble
             pairs.extend((e, _resolve_node(e, g.role, defaults, g, flags)) for e in entries)
     _group_overlap(everything, problems)
     _cross_checks(pairs, problems)
-    apis = {k: validate(m.ApiSpec, v, ("apis", k), problems) for k, v in _mapping_section(data, "apis", problems).items()}
+    apis = {
+        k: validate(m.ApiSpec, v, ("apis", k), problems)
+        for k, v in _mapping_section(data, "apis", problems).items()
+    }
     profiles = {
         k: validate(m.ProfileSpec, v, ("profiles", k), problems)
         for k, v in _mapping_section(data, "profiles", problems).items()
     }
-    wanted = (data.get("scheduler") or {}).get("default_profile") if isinstance(data.get("scheduler"), dict) else None
+    wanted = (
+        (data.get("scheduler") or {}).get("default_profile")
+        if isinstance(data.get("scheduler"), dict)
+        else None
+    )
     if isinstance(wanted, str) and wanted not in profiles:
         problems.append(
-            Problem("scheduler.default_profile", f"unknown profile {wanted!r}" + did_you_mean(wanted, list(profiles)))
+            Problem(
+                "scheduler.default_profile",
+                f"unknown profile {wanted!r}" + did_you_mean(wanted, list(profiles)),
+            )
         )
     if problems or top is None or ctl is None or sched is None:
         return None
@@ -495,7 +571,9 @@ def _resolve(data: Any, overrides: Mapping[str, Any] | None, source: str, proble
 # Public API
 
 
-def load_inventory(path_or_text: str | os.PathLike[str], *, overrides: Mapping[str, Any] | None = None) -> m.Inventory:
+def load_inventory(
+    path_or_text: str | os.PathLike[str], *, overrides: Mapping[str, Any] | None = None
+) -> m.Inventory:
     """Load and resolve an inventory from a path or from YAML text.
 
     A ``Path`` (or a one-line string naming an existing file or ending in .yaml/.yml) is read
@@ -511,7 +589,9 @@ def load_inventory(path_or_text: str | os.PathLike[str], *, overrides: Mapping[s
     if problems or inv is None:
         lines = "\n".join(f"  {p}" for p in problems)
         n = len(problems)
-        err = InventoryError(f"invalid inventory {source}: {n} problem{'s' if n != 1 else ''}\n{lines}", hint=HINT)
+        err = InventoryError(
+            f"invalid inventory {source}: {n} problem{'s' if n != 1 else ''}\n{lines}", hint=HINT
+        )
         err.problems = problems  # type: ignore[attr-defined]
         raise err
     return inv
@@ -567,4 +647,3 @@ def to_dict(inv: m.Inventory) -> dict[str, Any]:
 
 def to_json(inv: m.Inventory, *, indent: int | None = 2) -> str:
     return json.dumps(to_dict(inv), indent=indent, sort_keys=False)
-

@@ -14,6 +14,7 @@ Two layers:
 Host names, users, paths and ids are checked with strict regular expressions here, because
 they end up in SSH destinations, remote command lines, container labels and file names.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -22,7 +23,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 # --------------------------------------------------------------------------------------------
 # Units
@@ -73,7 +82,7 @@ MAX_CPU_ID = 4095
 def parse_cpuset(value: Any) -> tuple[int, ...]:
     """``"0-3,8"`` -> (0, 1, 2, 3, 8). Rejects empty items, reversed ranges, repeats, negatives."""
     if isinstance(value, bool) or not isinstance(value, str):
-        raise ValueError(f"expected a quoted cpu list such as \"2-127\", got {value!r}")
+        raise ValueError(f'expected a quoted cpu list such as "2-127", got {value!r}')
     cpus: list[int] = []
     for item in value.split(","):
         m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", item)
@@ -109,7 +118,7 @@ def parse_gpus(value: Any) -> str | int | tuple[str, ...]:
     """``all``, a count in {0, 1, 2, 4, 8} (emulated GPUs), or a list of 1, 2, 4 or 8 GPU UUIDs."""
     if value == "all" and isinstance(value, str):
         return "all"
-    if isinstance(value, bool) or isinstance(value, float) or value is None:
+    if isinstance(value, bool | float) or value is None:
         raise ValueError(f"expected 'all', a GPU count or a list of GPU UUIDs, got {value!r}")
     if isinstance(value, int):
         if value < 0 or value > 8 or (value & (value - 1)):
@@ -120,7 +129,9 @@ def parse_gpus(value: Any) -> str | int | tuple[str, ...]:
     if not isinstance(value, list | tuple):
         raise ValueError(f"expected 'all', a GPU count or a list of GPU UUIDs, got {value!r}")
     if any(isinstance(u, int) and not isinstance(u, bool) for u in value):
-        raise ValueError("bare GPU indices are not allowed (they change across reboots); use 'all' or GPU UUIDs")
+        raise ValueError(
+            "bare GPU indices are not allowed (they change across reboots); use 'all' or GPU UUIDs"
+        )
     for u in value:
         if not isinstance(u, str) or not _UUID.match(u):
             raise ValueError(f"{u!r} is not a GPU UUID (GPU-xxxxxxxx-xxxx-...; see `nvidia-smi -L`)")
@@ -234,19 +245,25 @@ def check_port(value: Any, *, allow_zero: bool = False) -> int:
 
 def check_user(value: str) -> str:
     if not _USER.match(value):
-        raise ValueError(f"invalid user name {value!r} (letters, digits, '_', '.', '-'; not starting with '-')")
+        raise ValueError(
+            f"invalid user name {value!r} (letters, digits, '_', '.', '-'; not starting with '-')"
+        )
     return value
 
 
 def check_path(value: str) -> str:
     if not _PATH.match(value) or "/../" in f"{value}/" or value.endswith("/.."):
-        raise ValueError(f"invalid path {value!r} (absolute or '~/'-relative; letters, digits, '_./+@=-'; no '..')")
+        raise ValueError(
+            f"invalid path {value!r} (absolute or '~/'-relative; letters, digits, '_./+@=-'; no '..')"
+        )
     return value
 
 
 def check_id(value: str, what: str = "name") -> str:
     if not ID_RE.match(value):
-        raise ValueError(f"invalid {what} {value!r} (1-64 of letters, digits, '_', '.', '-'; starting alphanumeric)")
+        raise ValueError(
+            f"invalid {what} {value!r} (1-64 of letters, digits, '_', '.', '-'; starting alphanumeric)"
+        )
     return value
 
 
@@ -285,7 +302,17 @@ Executor = Literal["auto", "docker", "process", "fastpath"]
 Runtime = Literal["emulated", "torch", "vllm", "sglang"]
 HostKeyPolicy = Literal["accept-new", "strict"]
 Connection = Literal["ssh", "local"]
-SECRET_WORDS = ("password", "passwd", "secret", "token", "api_key", "apikey", "key", "credential", "passphrase")
+SECRET_WORDS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "key",
+    "credential",
+    "passphrase",
+)
 
 
 class Spec(BaseModel):
@@ -412,14 +439,18 @@ class ControllerSpec(Spec):
         if v is None:
             return v
         if v.strip() in ("*", "0.0.0.0", "::", "[::]"):
-            raise ValueError(f"bind {v!r} listens on every interface; name one address (e.g. the cluster network's)")
+            raise ValueError(
+                f"bind {v!r} listens on every interface; name one address (e.g. the cluster network's)"
+            )
         return check_host(v)
 
     @model_validator(mode="after")
     def _ports(self) -> ControllerSpec:
         ports = [self.ports.agents, self.ports.submit, self.ports.status]
         if 0 in ports and not is_loopback(self.bind):
-            raise ValueError("port 0 (pick a free port) needs a loopback bind; agents on other hosts need fixed ports")
+            raise ValueError(
+                "port 0 (pick a free port) needs a loopback bind; agents on other hosts need fixed ports"
+            )
         fixed = [p for p in ports if p]
         if len(set(fixed)) != len(fixed):
             raise ValueError(f"controller ports must differ, got {ports}")
@@ -457,7 +488,7 @@ class ApiSpec(Spec):
     def _key_env(cls, v: str | None) -> str | None:
         if v is not None and not _ENV.match(v):
             raise ValueError(
-                f"key_env must name an environment variable (like SEARCH_API_KEY), not hold the secret: {v[:4]!r}..."
+                "key_env must name an environment variable (like SEARCH_API_KEY), not hold the secret"
             )
         return v
 

@@ -1,4 +1,5 @@
 """bootstrap/plan.py: pure builders, checked as strings and argv (style principle 7)."""
+
 from __future__ import annotations
 
 import json
@@ -17,20 +18,41 @@ EXAMPLE = "inventory/example.yaml"
 
 
 def test_probe_argv_and_stdin():
-    assert plan.probe_argv("python3") == ["python3", "-c", "import sys,json;exec(json.loads(sys.stdin.readline()))"]
+    assert plan.probe_argv("python3") == [
+        "python3",
+        "-c",
+        "import sys,json;exec(json.loads(sys.stdin.readline()))",
+    ]
     line = plan.probe_stdin()
     assert line.endswith("\n") and "\n" not in line[:-1]
     assert json.loads(line) == plan.FACTS_SCRIPT
 
 
 def test_facts_script_runs_with_the_stdlib_and_prints_one_json_line():
-    r = subprocess.run(plan.probe_argv(sys.executable), input=plan.probe_stdin(), capture_output=True,
-                       text=True, timeout=30, check=True)
+    r = subprocess.run(
+        plan.probe_argv(sys.executable),
+        input=plan.probe_stdin(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     lines = r.stdout.splitlines()
     assert len(lines) == 1
     facts = json.loads(lines[0])
-    for key in ("python", "arch", "cpu_count", "online_cpus", "numa", "mem_total_mib", "cgroup", "docker",
-                "nvidia", "disk", "errors"):
+    for key in (
+        "python",
+        "arch",
+        "cpu_count",
+        "online_cpus",
+        "numa",
+        "mem_total_mib",
+        "cgroup",
+        "docker",
+        "nvidia",
+        "disk",
+        "errors",
+    ):
         assert key in facts
     assert facts["errors"] == {}
 
@@ -93,7 +115,9 @@ def test_stop_command_runs(tmp_path):
 
 def test_install_command_is_idempotent_and_offline():
     cmd = plan.install_command("python3", "~/.t/c/bundles/h", "~/.t/c/venv-h")
-    assert cmd.startswith('test -f "$HOME"/.t/c/venv-h/.complete || { python3 -m venv "$HOME"/.t/c/venv-h && ')
+    assert cmd.startswith(
+        'test -f "$HOME"/.t/c/venv-h/.complete || { python3 -m venv "$HOME"/.t/c/venv-h && '
+    )
     assert "--no-index --find-links" in cmd and cmd.endswith('touch "$HOME"/.t/c/venv-h/.complete; }')
     site = plan.install_command("python3", "/b", "/v", system_site_packages=True)
     assert "--system-site-packages" in site and "pip" not in site

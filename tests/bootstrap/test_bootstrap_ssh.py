@@ -1,4 +1,5 @@
 """bootstrap/ssh.py against real OpenSSH servers on 127.0.0.2 and 127.0.0.3."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,20 +10,35 @@ import time
 from pathlib import Path
 
 import pytest
+from support.sshd import _free_port, make_client_key
 
 from tangram.errors import AuthFailed, BootstrapError, HostKeyMismatch, HostUnreachable
 from tangram_cli.bootstrap import plan, ssh
 from tangram_cli.inventory import Node
-from support.sshd import _free_port, make_client_key
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(60)]
 
 
-def node_for(server, key, *, name: str | None = None, policy: str = "accept-new", port: int | None = None) -> Node:
+def node_for(
+    server, key, *, name: str | None = None, policy: str = "accept-new", port: int | None = None
+) -> Node:
     return Node(
-        name=name or f"node-{server.host}", host=server.host, port=port or server.port, user=getpass.getuser(),
-        identity_file=str(key.path), role="cpu", cpus=None, idle_cpus=(), mem_mib=None, executor="process",
-        image=None, gpus=0, services=(), workdir="~/.tangram", python=sys.executable, host_key_policy=policy,
+        name=name or f"node-{server.host}",
+        host=server.host,
+        port=port or server.port,
+        user=getpass.getuser(),
+        identity_file=str(key.path),
+        role="cpu",
+        cpus=None,
+        idle_cpus=(),
+        mem_mib=None,
+        executor="process",
+        image=None,
+        gpus=0,
+        services=(),
+        workdir="~/.tangram",
+        python=sys.executable,
+        host_key_policy=policy,
         connect_timeout_ms=5000,
     )
 

@@ -1,4 +1,5 @@
 """`tangram inventory validate|show` through the real click root (error reporting, exit codes)."""
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,9 @@ def invoke(*args: str, env: dict[str, str] | None = None):
 def test_validate_ok_example():
     r = invoke("inventory", "validate", str(ROOT / "inventory" / "example.yaml"))
     assert r.exit_code == 0, r.output
-    assert r.output.startswith("ok: 7 nodes (5 cpu: cpu-[01-04].internal,cpu-legacy; 2 gpu: gpu-[01-02].internal)")
+    assert r.output.startswith(
+        "ok: 7 nodes (5 cpu: cpu-[01-04].internal,cpu-legacy; 2 gpu: gpu-[01-02].internal)"
+    )
 
 
 def test_validate_defaults_to_local_then_env(tmp_path):
@@ -49,11 +52,13 @@ def test_validate_lists_every_error_without_traceback(tmp_path):
     out = r.output
     assert "Traceback" not in out
     assert out.startswith(f"error: invalid inventory {bad}: 5 problems")
-    for line in ("defaults.ssh.prot: unknown key (did you mean 'port'?)",
-                 "controller.bind: bind '0.0.0.0' listens on every interface",
-                 "groups.g.hosts[1]: host name 'bad;host' contains ';'",
-                 "groups.g.vars.image: expected a string, got the boolean false",
-                 "groups.g.vars.mem: unknown unit 'GB'"):
+    for line in (
+        "defaults.ssh.prot: unknown key (did you mean 'port'?)",
+        "controller.bind: bind '0.0.0.0' listens on every interface",
+        "groups.g.hosts[1]: host name 'bad;host' contains ';'",
+        "groups.g.vars.image: expected a string, got the boolean false",
+        "groups.g.vars.mem: unknown unit 'GB'",
+    ):
         assert line in out, out
     assert "To fix: " in out
 
@@ -89,6 +94,10 @@ def test_show_table_and_json():
 
 
 def test_help_texts():
-    for args in (["inventory", "--help"], ["inventory", "validate", "--help"], ["inventory", "show", "--help"]):
+    for args in (
+        ["inventory", "--help"],
+        ["inventory", "validate", "--help"],
+        ["inventory", "show", "--help"],
+    ):
         r = invoke(*args)
-        assert r.exit_code == 0 and "TANGRAM_INVENTORY" in r.output or "Validate" in r.output
+        assert (r.exit_code == 0 and "TANGRAM_INVENTORY" in r.output) or "Validate" in r.output

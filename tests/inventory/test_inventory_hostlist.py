@@ -1,4 +1,5 @@
 """tangram_cli.hostlist: expand and compress, with Hypothesis round trips."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,26 +9,43 @@ from hypothesis import strategies as st
 from tangram_cli.hostlist import MAX_HOSTS, HostlistError, compress, expand
 
 
-@pytest.mark.parametrize(("pattern", "expected"), [
-    ("cpu-[01-04,07].internal", ["cpu-01.internal", "cpu-02.internal", "cpu-03.internal", "cpu-04.internal",
-                                 "cpu-07.internal"]),
-    ("n[8-10]", ["n8", "n9", "n10"]),
-    ("n[08-10]", ["n08", "n09", "n10"]),
-    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
-    ("a,b[1-2],c", ["a", "b1", "b2", "c"]),
-    ("plain.host", ["plain.host"]),
-    ("x[3],x[3]", ["x3"]),
-])
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        (
+            "cpu-[01-04,07].internal",
+            ["cpu-01.internal", "cpu-02.internal", "cpu-03.internal", "cpu-04.internal", "cpu-07.internal"],
+        ),
+        ("n[8-10]", ["n8", "n9", "n10"]),
+        ("n[08-10]", ["n08", "n09", "n10"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("a,b[1-2],c", ["a", "b1", "b2", "c"]),
+        ("plain.host", ["plain.host"]),
+        ("x[3],x[3]", ["x3"]),
+    ],
+)
 def test_expand(pattern, expected):
     assert expand(pattern) == expected
 
 
-@pytest.mark.parametrize(("pattern", "fragment"), [
-    ("a[1-2", "unbalanced"), ("a]1", "unbalanced"), ("a[[1]]", "nested"), ("a[2-1]", "reversed"),
-    ("a[]", "bad range"), ("a[x]", "bad range"), ("a[1-]", "bad range"), ("a[-1]", "bad range"),
-    ("a,,b", "empty"), ("", "empty"), ("a, b", "white space"),
-    ("n[0-99]x[0-999]", "more than"), ("n[0-10000]", "more than"),
-])
+@pytest.mark.parametrize(
+    ("pattern", "fragment"),
+    [
+        ("a[1-2", "unbalanced"),
+        ("a]1", "unbalanced"),
+        ("a[[1]]", "nested"),
+        ("a[2-1]", "reversed"),
+        ("a[]", "bad range"),
+        ("a[x]", "bad range"),
+        ("a[1-]", "bad range"),
+        ("a[-1]", "bad range"),
+        ("a,,b", "empty"),
+        ("", "empty"),
+        ("a, b", "white space"),
+        ("n[0-99]x[0-999]", "more than"),
+        ("n[0-10000]", "more than"),
+    ],
+)
 def test_expand_rejects(pattern, fragment):
     with pytest.raises(HostlistError, match=fragment):
         expand(pattern)
@@ -48,8 +66,13 @@ def test_compress_examples():
 
 
 labels = st.from_regex(r"[a-z]{1,4}(-[a-z]{1,3})?", fullmatch=True)
-names = st.builds(lambda p, n, w, s: f"{p}{str(n).zfill(w)}{s}", labels, st.integers(0, 300), st.integers(0, 4),
-                  st.sampled_from(["", ".internal", "-x"]))
+names = st.builds(
+    lambda p, n, w, s: f"{p}{str(n).zfill(w)}{s}",
+    labels,
+    st.integers(0, 300),
+    st.integers(0, 4),
+    st.sampled_from(["", ".internal", "-x"]),
+)
 
 
 @given(st.lists(names, max_size=40))

@@ -1,4 +1,5 @@
 """Inventory loading: every bad-input class names its path and problem; all errors at once."""
+
 from __future__ import annotations
 
 import textwrap
@@ -64,88 +65,157 @@ def test_base_resolves():
     names = [n.name for n in inv.nodes]
     assert names == ["cpu-01.internal", "cpu-02.internal", "10.0.1.17", "gpu-01.internal"]
     legacy = inv.node("10.0.1.17")
-    assert (legacy.user, legacy.port, legacy.mem_mib, legacy.cpus) == ("ops", 2222, 65536, tuple(range(2, 16)))
+    assert (legacy.user, legacy.port, legacy.mem_mib, legacy.cpus) == (
+        "ops",
+        2222,
+        65536,
+        tuple(range(2, 16)),
+    )
     gpu = inv.node("gpu-01.internal")
     assert gpu.gpus == "all" and gpu.services[0].gpus == (1, 2) and gpu.services[0].gpu_mem_mib == 18432
     assert gpu.connect_timeout_ms == 10_000 and gpu.host_key_policy == "accept-new"
     assert inv.apis[1].period_ms == 60_000 and inv.scheduler.client_grace_ms == 60_000
-    assert inv.groups == {"sandbox-cpu": ("cpu-01.internal", "cpu-02.internal", "10.0.1.17"),
-                          "reward-gpu": ("gpu-01.internal",)}
+    assert inv.groups == {
+        "sandbox-cpu": ("cpu-01.internal", "cpu-02.internal", "10.0.1.17"),
+        "reward-gpu": ("gpu-01.internal",),
+    }
 
 
-@pytest.mark.parametrize(("old", "new", "path", "fragment"), [
-    # unknown keys, one typo per section, with did-you-mean
-    ("cluster: c1", "cluster: c1\nclustre: x", "clustre", "did you mean 'cluster'?"),
-    ("port: 22,", "prot: 22,", "defaults.ssh.prot", "did you mean 'port'?"),
-    ("bind: 10.0.0.10,", "bnd: 10.0.0.10,", "controller.bnd", "did you mean 'bind'?"),
-    ("depth: 2,", "dept: 2,", "scheduler.dept", "did you mean 'depth'?"),
-    ("role: cpu", "rol: cpu", "groups.sandbox-cpu.rol", "did you mean 'role'?"),
-    ("idle_cpus:", "idle_cpu:", "groups.sandbox-cpu.vars.idle_cpu", "did you mean 'idle_cpus'?"),
-    ("{user: ops, port: 2222}", "{user: ops, prot: 2222}", "groups.sandbox-cpu.hosts[1].ssh.prot",
-     "unknown key (did you mean 'port'?)"),
-    ("gpus: [1, 2], gpu_mem", "gpu: [1, 2], gpu_mem", "groups.reward-gpu.vars.services[0].gpu", "did you mean 'gpus'?"),
-    ("limit: 64,", "limt: 64,", "apis.search.limt", "did you mean 'limit'?"),
-    ("{efficiency:", "{eficiency:", "profiles.pytest.eficiency", "did you mean 'efficiency'?"),
-    ("host_key_policy: accept-new", "host_key_policy: acept-new", "defaults.ssh.host_key_policy",
-     "did you mean 'accept-new'?"),
-    ("runtime: vllm", "runtime: vlm", "groups.reward-gpu.vars.services[0].runtime", "did you mean 'vllm'?"),
-    # YAML booleans where strings belong
-    ('image: "swe:1"', "image: no", "groups.sandbox-cpu.vars.image", "quote it"),
-    ("user: ubuntu", "user: yes", "defaults.ssh.user", "quote it"),
-    ("user: ops", "user: on", "groups.sandbox-cpu.hosts[1].ssh.user", "quote it"),
-    # units
-    ("mem: 64GiB", "mem: 64GB", "groups.sandbox-cpu.vars.mem", "unknown unit 'GB'"),
-    ("mem: 64GiB", "mem: 64", "groups.sandbox-cpu.vars.mem", "unit"),
-    ("client_grace: 60s", "client_grace: 60 parsecs", "scheduler.client_grace", "duration"),
-    ("connect_timeout: 10s", "connect_timeout: 10", "defaults.ssh.connect_timeout", "duration"),
-    # cores and cpusets
-    ('cpus: "2-15"', "cpus: -1", "groups.sandbox-cpu.vars.cpus", "cpu list"),
-    ('cpus: "2-15"', "cpus: 0", "groups.sandbox-cpu.vars.cpus", "cpu list"),
-    ('cpus: "2-15"', "cpus: 1.5", "groups.sandbox-cpu.vars.cpus", "cpu list"),
-    ('cpus: "2-15"', 'cpus: "15-2"', "groups.sandbox-cpu.vars.cpus", "reversed"),
-    ('cpus: "2-15"', 'cpus: "1,1"', "groups.sandbox-cpu.vars.cpus", "twice"),
-    ('cpus: "2-15"', 'cpus: "0-"', "groups.sandbox-cpu.vars.cpus", "not N or N-M"),
-    ('cpus: "2-15"', 'cpus: ""', "groups.sandbox-cpu.vars.cpus", "not N or N-M"),
-    ('cpus: "2-15"', 'cpus: "0-15"', "groups.sandbox-cpu.hosts[0] (cpu-[01-02].internal)", "overlap idle_cpus"),
-    # GPUs and chunks
-    ("gpus: all", "gpus: 3", "groups.reward-gpu.vars.gpus", "0, 1, 2, 4 or 8"),
-    ("gpus: all", "gpus: 16", "groups.reward-gpu.vars.gpus", "0, 1, 2, 4 or 8"),
-    ("gpus: all", "gpus: [0, 1]", "groups.reward-gpu.vars.gpus", "bare GPU indices"),
-    ("gpus: all", "gpus: 8", "groups.reward-gpu.hosts[0] (gpu-01.internal)", "emulated_gpus: true"),
-    ("gpus: [1, 2], gpu_mem", "gpus: [1, 3], gpu_mem", "groups.reward-gpu.vars.services[0].gpus", "{1, 2, 4, 8}"),
-    ("gpu_mem: 18GiB", "gpu_mem: 90GiB", "groups.reward-gpu.hosts[0]", "more than the GPU's"),
-    # controller
-    ("bind: 10.0.0.10", "bind: 0.0.0.0", "controller.bind", "every interface"),
-    ("bind: 10.0.0.10", "bind: '*'", "controller.bind", "every interface"),
-    ("agents: 7700", "agents: 0", "controller", "loopback"),
-    ("agents: 7700", "agents: 70000", "controller.ports.agents", "outside 1-65535"),
-    ("submit: 7701", "submit: 7700", "controller", "must differ"),
-    ("port: 2222", "port: 0", "groups.sandbox-cpu.hosts[1].ssh.port", "outside 1-65535"),
-    ("port: 2222", "port: 65536", "groups.sandbox-cpu.hosts[1].ssh.port", "outside 1-65535"),
-    # secrets
-    ("key_env: SEARCH_API_KEY}", "key_env: SEARCH_API_KEY, api_key: sk-123}", "apis.search.api_key",
-     "inline secrets"),
-    ("key_env: SEARCH_API_KEY}", "key_env: sk-live-123}", "apis.search.key_env", "environment variable"),
-    ("user: ubuntu,", "user: ubuntu, password: hunter2,", "defaults.ssh.password", "inline secrets"),
-    # profiles
-    ("scheduler: {depth: 2,", "scheduler: {default_profile: pytst, depth: 2,", "scheduler.default_profile",
-     "unknown profile 'pytst' (did you mean 'pytest'?)"),
-    ("{efficiency: {1: 1.0, 2: 0.9}}", "{efficiency: {1: 1.0}, serial_fraction: 0.1}", "profiles.pytest",
-     "exactly one"),
-    # apis
-    ("{mode: quota, limit: 3000, period: 60s}", "{mode: quota, limit: 3000}", "apis.pdf", "needs 'period'"),
-    ("limit: 64,", "limit: 0,", "apis.search.limit", "between 1"),
-    # models
-    ("model: /models/rm-7b", "model: /models/../etc", "groups.reward-gpu.vars.services[0].model", "'..'"),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "path", "fragment"),
+    [
+        # unknown keys, one typo per section, with did-you-mean
+        ("cluster: c1", "cluster: c1\nclustre: x", "clustre", "did you mean 'cluster'?"),
+        ("port: 22,", "prot: 22,", "defaults.ssh.prot", "did you mean 'port'?"),
+        ("bind: 10.0.0.10,", "bnd: 10.0.0.10,", "controller.bnd", "did you mean 'bind'?"),
+        ("depth: 2,", "dept: 2,", "scheduler.dept", "did you mean 'depth'?"),
+        ("role: cpu", "rol: cpu", "groups.sandbox-cpu.rol", "did you mean 'role'?"),
+        ("idle_cpus:", "idle_cpu:", "groups.sandbox-cpu.vars.idle_cpu", "did you mean 'idle_cpus'?"),
+        (
+            "{user: ops, port: 2222}",
+            "{user: ops, prot: 2222}",
+            "groups.sandbox-cpu.hosts[1].ssh.prot",
+            "unknown key (did you mean 'port'?)",
+        ),
+        (
+            "gpus: [1, 2], gpu_mem",
+            "gpu: [1, 2], gpu_mem",
+            "groups.reward-gpu.vars.services[0].gpu",
+            "did you mean 'gpus'?",
+        ),
+        ("limit: 64,", "limt: 64,", "apis.search.limt", "did you mean 'limit'?"),
+        ("{efficiency:", "{eficiency:", "profiles.pytest.eficiency", "did you mean 'efficiency'?"),
+        (
+            "host_key_policy: accept-new",
+            "host_key_policy: acept-new",
+            "defaults.ssh.host_key_policy",
+            "did you mean 'accept-new'?",
+        ),
+        (
+            "runtime: vllm",
+            "runtime: vlm",
+            "groups.reward-gpu.vars.services[0].runtime",
+            "did you mean 'vllm'?",
+        ),
+        # YAML booleans where strings belong
+        ('image: "swe:1"', "image: no", "groups.sandbox-cpu.vars.image", "quote it"),
+        ("user: ubuntu", "user: yes", "defaults.ssh.user", "quote it"),
+        ("user: ops", "user: on", "groups.sandbox-cpu.hosts[1].ssh.user", "quote it"),
+        # units
+        ("mem: 64GiB", "mem: 64GB", "groups.sandbox-cpu.vars.mem", "unknown unit 'GB'"),
+        ("mem: 64GiB", "mem: 64", "groups.sandbox-cpu.vars.mem", "unit"),
+        ("client_grace: 60s", "client_grace: 60 parsecs", "scheduler.client_grace", "duration"),
+        ("connect_timeout: 10s", "connect_timeout: 10", "defaults.ssh.connect_timeout", "duration"),
+        # cores and cpusets
+        ('cpus: "2-15"', "cpus: -1", "groups.sandbox-cpu.vars.cpus", "cpu list"),
+        ('cpus: "2-15"', "cpus: 0", "groups.sandbox-cpu.vars.cpus", "cpu list"),
+        ('cpus: "2-15"', "cpus: 1.5", "groups.sandbox-cpu.vars.cpus", "cpu list"),
+        ('cpus: "2-15"', 'cpus: "15-2"', "groups.sandbox-cpu.vars.cpus", "reversed"),
+        ('cpus: "2-15"', 'cpus: "1,1"', "groups.sandbox-cpu.vars.cpus", "twice"),
+        ('cpus: "2-15"', 'cpus: "0-"', "groups.sandbox-cpu.vars.cpus", "not N or N-M"),
+        ('cpus: "2-15"', 'cpus: ""', "groups.sandbox-cpu.vars.cpus", "not N or N-M"),
+        (
+            'cpus: "2-15"',
+            'cpus: "0-15"',
+            "groups.sandbox-cpu.hosts[0] (cpu-[01-02].internal)",
+            "overlap idle_cpus",
+        ),
+        # GPUs and chunks
+        ("gpus: all", "gpus: 3", "groups.reward-gpu.vars.gpus", "0, 1, 2, 4 or 8"),
+        ("gpus: all", "gpus: 16", "groups.reward-gpu.vars.gpus", "0, 1, 2, 4 or 8"),
+        ("gpus: all", "gpus: [0, 1]", "groups.reward-gpu.vars.gpus", "bare GPU indices"),
+        ("gpus: all", "gpus: 8", "groups.reward-gpu.hosts[0] (gpu-01.internal)", "emulated_gpus: true"),
+        (
+            "gpus: [1, 2], gpu_mem",
+            "gpus: [1, 3], gpu_mem",
+            "groups.reward-gpu.vars.services[0].gpus",
+            "{1, 2, 4, 8}",
+        ),
+        ("gpu_mem: 18GiB", "gpu_mem: 90GiB", "groups.reward-gpu.hosts[0]", "more than the GPU's"),
+        # controller
+        ("bind: 10.0.0.10", "bind: 0.0.0.0", "controller.bind", "every interface"),
+        ("bind: 10.0.0.10", "bind: '*'", "controller.bind", "every interface"),
+        ("agents: 7700", "agents: 0", "controller", "loopback"),
+        ("agents: 7700", "agents: 70000", "controller.ports.agents", "outside 1-65535"),
+        ("submit: 7701", "submit: 7700", "controller", "must differ"),
+        ("port: 2222", "port: 0", "groups.sandbox-cpu.hosts[1].ssh.port", "outside 1-65535"),
+        ("port: 2222", "port: 65536", "groups.sandbox-cpu.hosts[1].ssh.port", "outside 1-65535"),
+        # secrets
+        (
+            "key_env: SEARCH_API_KEY}",
+            "key_env: SEARCH_API_KEY, api_key: sk-123}",
+            "apis.search.api_key",
+            "inline secrets",
+        ),
+        ("key_env: SEARCH_API_KEY}", "key_env: sk-live-123}", "apis.search.key_env", "environment variable"),
+        ("user: ubuntu,", "user: ubuntu, password: hunter2,", "defaults.ssh.password", "inline secrets"),
+        # profiles
+        (
+            "scheduler: {depth: 2,",
+            "scheduler: {default_profile: pytst, depth: 2,",
+            "scheduler.default_profile",
+            "unknown profile 'pytst' (did you mean 'pytest'?)",
+        ),
+        (
+            "{efficiency: {1: 1.0, 2: 0.9}}",
+            "{efficiency: {1: 1.0}, serial_fraction: 0.1}",
+            "profiles.pytest",
+            "exactly one",
+        ),
+        # apis
+        (
+            "{mode: quota, limit: 3000, period: 60s}",
+            "{mode: quota, limit: 3000}",
+            "apis.pdf",
+            "needs 'period'",
+        ),
+        ("limit: 64,", "limit: 0,", "apis.search.limit", "between 1"),
+        # models
+        ("model: /models/rm-7b", "model: /models/../etc", "groups.reward-gpu.vars.services[0].model", "'..'"),
+    ],
+)
 def test_bad_values(old, new, path, fragment):
     one(edit(old, new), path, fragment)
 
 
-@pytest.mark.parametrize("host", [
-    "host;rm -rf ~", "$(id)", "`id`", "a b", "-oProxyCommand=evil", "ho\nst", "host|cat", "..", "a..b",
-    "under_score", "x" * 64 + ".com", "[nope]", "1.2.3.999",
-])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "host;rm -rf ~",
+        "$(id)",
+        "`id`",
+        "a b",
+        "-oProxyCommand=evil",
+        "ho\nst",
+        "host|cat",
+        "..",
+        "a..b",
+        "under_score",
+        "x" * 64 + ".com",
+        "[nope]",
+        "1.2.3.999",
+    ],
+)
 def test_hostile_host_names(host):
     text = edit('hosts: ["gpu-01.internal"]', f"hosts: [{host!r}]".replace("'\\n'", "\\n"))
     if "\n" in host:
@@ -162,17 +232,29 @@ def test_hostile_mapping_host_and_user():
 
 
 def test_all_errors_at_once():
-    text = (BASE.replace("port: 22,", "prot: 22,").replace("bind: 10.0.0.10", "bind: 0.0.0.0")
-            .replace("mem: 64GiB", "mem: 64GB").replace("gpus: all", "gpus: 3").replace("limit: 64,", "limt: 64,"))
+    text = (
+        BASE.replace("port: 22,", "prot: 22,")
+        .replace("bind: 10.0.0.10", "bind: 0.0.0.0")
+        .replace("mem: 64GiB", "mem: 64GB")
+        .replace("gpus: all", "gpus: 3")
+        .replace("limit: 64,", "limt: 64,")
+    )
     found = problems(text)
     assert len(found) == 5, found
-    for path in ("defaults.ssh.prot", "controller.bind", "groups.sandbox-cpu.vars.mem", "groups.reward-gpu.vars.gpus",
-                 "apis.search.limt"):
+    for path in (
+        "defaults.ssh.prot",
+        "controller.bind",
+        "groups.sandbox-cpu.vars.mem",
+        "groups.reward-gpu.vars.gpus",
+        "apis.search.limt",
+    ):
         assert any(p.startswith(path) for p in found), (path, found)
 
 
 def test_duplicate_yaml_keys_with_line_numbers():
-    found = problems("version: 1\ncluster: a\ncluster: b\ngroups:\n  g: {role: cpu, hosts: [h1], role: gpu}\n")
+    found = problems(
+        "version: 1\ncluster: a\ncluster: b\ngroups:\n  g: {role: cpu, hosts: [h1], role: gpu}\n"
+    )
     assert "line 3: duplicate key 'cluster' (first at line 2)" in found
     assert any("duplicate key 'role'" in p and p.startswith("line 5") for p in found)
 
@@ -187,12 +269,21 @@ def test_sexagesimal_is_not_a_number():
 
 
 def test_host_in_two_groups_and_duplicates():
-    one(edit('hosts: ["gpu-01.internal"]', 'hosts: ["gpu-01.internal", "cpu-02.internal"]'),
-        "groups.reward-gpu.hosts[1]", "also in group 'sandbox-cpu'")
-    one(edit('"cpu-[01-02].internal", {host', '"cpu-[01-02].internal", "10.0.1.17:2222", {host'),
-        "groups.sandbox-cpu.hosts[2]", "duplicate host:port 10.0.1.17:2222")
-    one(edit("{host: 10.0.1.17,", "{host: 10.0.1.17, name: cpu-01.internal,"),
-        "groups.sandbox-cpu.hosts[1]", "duplicate node name 'cpu-01.internal'")
+    one(
+        edit('hosts: ["gpu-01.internal"]', 'hosts: ["gpu-01.internal", "cpu-02.internal"]'),
+        "groups.reward-gpu.hosts[1]",
+        "also in group 'sandbox-cpu'",
+    )
+    one(
+        edit('"cpu-[01-02].internal", {host', '"cpu-[01-02].internal", "10.0.1.17:2222", {host'),
+        "groups.sandbox-cpu.hosts[2]",
+        "duplicate host:port 10.0.1.17:2222",
+    )
+    one(
+        edit("{host: 10.0.1.17,", "{host: 10.0.1.17, name: cpu-01.internal,"),
+        "groups.sandbox-cpu.hosts[1]",
+        "duplicate node name 'cpu-01.internal'",
+    )
 
 
 def test_missing_and_wrong_top_level():
@@ -205,23 +296,37 @@ def test_missing_and_wrong_top_level():
 
 
 def test_hostlists_and_destinations_in_host_strings():
-    inv = load_inventory(edit('hosts: ["gpu-01.internal"]',
-                              'hosts: ["ops@gpu-[01-02,05].internal:2200", "[fd00::1]:2201", "fd00::2"]'))
+    inv = load_inventory(
+        edit(
+            'hosts: ["gpu-01.internal"]',
+            'hosts: ["ops@gpu-[01-02,05].internal:2200", "[fd00::1]:2201", "fd00::2"]',
+        )
+    )
     gpus = [n for n in inv.nodes if n.group == "reward-gpu"]
-    assert [n.name for n in gpus] == ["gpu-01.internal", "gpu-02.internal", "gpu-05.internal", "fd00::1", "fd00::2"]
+    assert [n.name for n in gpus] == [
+        "gpu-01.internal",
+        "gpu-02.internal",
+        "gpu-05.internal",
+        "fd00::1",
+        "fd00::2",
+    ]
     assert {(n.user, n.port) for n in gpus[:3]} == {("ops", 2200)}
     assert gpus[3].host == "fd00::1" and gpus[3].port == 2201 and gpus[3].address == "[fd00::1]:2201"
     assert gpus[4].port == 22
 
 
 def test_precedence_defaults_group_host_flags():
-    text = edit('hosts: ["cpu-[01-02].internal", {host: 10.0.1.17, ssh: {user: ops, port: 2222}}]',
-                'ssh: {user: grp}\n    hosts: ["cpu-01.internal", {host: 10.0.1.17, ssh: {user: ops, port: 2222},'
-                ' vars: {executor: docker}}]')
+    text = edit(
+        'hosts: ["cpu-[01-02].internal", {host: 10.0.1.17, ssh: {user: ops, port: 2222}}]',
+        'ssh: {user: grp}\n    hosts: ["cpu-01.internal", {host: 10.0.1.17, ssh: {user: ops, port: 2222},'
+        " vars: {executor: docker}}]",
+    )
     inv = load_inventory(text)
     assert inv.node("cpu-01.internal").user == "grp"  # group beats defaults
     assert inv.node("gpu-01.internal").user == "ubuntu"  # defaults
-    assert inv.node("10.0.1.17").user == "ops" and inv.node("10.0.1.17").executor == "docker"  # host beats group
+    assert (
+        inv.node("10.0.1.17").user == "ops" and inv.node("10.0.1.17").executor == "docker"
+    )  # host beats group
     assert inv.node("cpu-01.internal").executor == "auto"
     flagged = load_inventory(text, overrides={"ssh": {"user": "cli"}, "vars": {"executor": "process"}})
     assert {n.user for n in flagged.nodes} == {"cli"} and {n.executor for n in flagged.nodes} == {"process"}
@@ -237,7 +342,9 @@ def test_bad_overrides_are_reported_as_flags():
 
 
 def test_units():
-    assert parse_size_mib("4GiB") == 4096 and parse_size_mib("1.5GiB") == 1536 and parse_size_mib("2048KiB") == 2
+    assert (
+        parse_size_mib("4GiB") == 4096 and parse_size_mib("1.5GiB") == 1536 and parse_size_mib("2048KiB") == 2
+    )
     assert parse_duration_ms("10s") == 10_000 and parse_duration_ms("500ms") == 500
     assert parse_duration_ms("1.5m") == 90_000 and parse_duration_ms("2h") == 7_200_000
     for bad in ("4GB", "4", "4 gib", "-1GiB", True, 4, "1KiB"):
@@ -248,21 +355,39 @@ def test_units():
             parse_duration_ms(bad)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("host", (None, "host", None)),
-    ("u@host:22", ("u", "host", 22)),
-    ("10.0.0.1:2222", (None, "10.0.0.1", 2222)),
-    ("[::1]:22", (None, "::1", 22)),
-    ("[::1]", (None, "::1", None)),
-    ("::1", (None, "::1", None)),
-    ("ops@[fd00::1]:2222", ("ops", "fd00::1", 2222)),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("host", (None, "host", None)),
+        ("u@host:22", ("u", "host", 22)),
+        ("10.0.0.1:2222", (None, "10.0.0.1", 2222)),
+        ("[::1]:22", (None, "::1", 22)),
+        ("[::1]", (None, "::1", None)),
+        ("::1", (None, "::1", None)),
+        ("ops@[fd00::1]:2222", ("ops", "fd00::1", 2222)),
+    ],
+)
 def test_parse_destination(text, expected):
     assert parse_destination(text) == expected
 
 
-@pytest.mark.parametrize("text", ["a@b@c", "@host", "host:", "host:0", "host:99999", "[host]:22", "[::1]x",
-                                  "-host", "host:22:33x", "[::1", "u;x@host", "fe80::1%eth0"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a@b@c",
+        "@host",
+        "host:",
+        "host:0",
+        "host:99999",
+        "[host]:22",
+        "[::1]x",
+        "-host",
+        "host:22:33x",
+        "[::1",
+        "u;x@host",
+        "fe80::1%eth0",
+    ],
+)
 def test_parse_destination_rejects(text):
     with pytest.raises(ValueError):
         parse_destination(text)

@@ -11,6 +11,7 @@ key, root login by key only, ``StrictModes no``, ``UsePAM no``, the internal SFT
 pidfile. The fixtures skip (with the reason) where sshd is missing or the tests are not root;
 on CI (`.ci/run`) both hold, so the SSH tests run.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -179,10 +180,16 @@ def sshd_factory(tmp_path: Path, ssh_key: ClientKey) -> Iterator[Callable[..., S
         pytest.skip(reason)
     servers: list[Sshd] = []
 
-    def start(host: str = "127.0.0.2", port: int | None = None, authorized: list[ClientKey] | None = None) -> Sshd:
+    def start(
+        host: str = "127.0.0.2", port: int | None = None, authorized: list[ClientKey] | None = None
+    ) -> Sshd:
         for _ in range(3):  # a free port can be taken between probe and bind: retry
-            server = Sshd(host, port or _free_port(host), tmp_path / f"sshd-{host}-{len(servers)}",
-                          authorized if authorized is not None else [ssh_key])
+            server = Sshd(
+                host,
+                port or _free_port(host),
+                tmp_path / f"sshd-{host}-{len(servers)}",
+                authorized if authorized is not None else [ssh_key],
+            )
             servers.append(server)
             try:
                 return server.start()
