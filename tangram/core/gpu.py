@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from math import prod
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +33,7 @@ __all__ = [
     "ChunkAllocator",
     "ChunkError",
     "ChunkOperator",
+    "FreeChunks",
     "NoChunk",
     "Prefer",
     "UnknownChunk",
@@ -228,6 +230,15 @@ def _pick(candidates: Sequence[Chunk], prefer: Prefer) -> Chunk:
     return next((c for c in candidates if c[0] in prefer), candidates[0])
 
 
+class FreeChunks(Protocol):
+    """What :class:`ChunkOperator` reads: a :class:`ChunkAllocator` or any view of a node's free chunks."""
+
+    @property
+    def max_chunk(self) -> int: ...
+
+    def free_sizes(self) -> Mapping[int, int]: ...
+
+
 class ChunkOperator:
     """Algorithm 4: DP states are the counts of chunks of each size handed out so far, in mixed radix.
 
@@ -239,8 +250,8 @@ class ChunkOperator:
 
     __slots__ = ("_digits", "_radix", "_sizes", "_stride", "_valid")
 
-    def __init__(self, allocator: ChunkAllocator) -> None:
-        free = allocator.free_sizes()
+    def __init__(self, allocator: FreeChunks) -> None:
+        free = dict(allocator.free_sizes())
         self._sizes = [1 << b for b in range(allocator.max_chunk.bit_length())]
         self._radix = [1 + sum(n * (f // s) for f, n in free.items()) for s in self._sizes]
         self._stride = [prod(self._radix[:i]) for i in range(len(self._sizes))]
@@ -303,7 +314,7 @@ class ChunkOperator:
         return np.where(self._digits[:, idx] > 0, states - self._stride[idx], -1)
 
 
-def gpu_arrange(options: Options, allocator: ChunkAllocator) -> Arrangement:
+def gpu_arrange(options: Options, allocator: FreeChunks) -> Arrangement:
     """The optimum chunk per GPU task over every packable multiset, like ``dp_arrange`` for plain units.
 
     ``options[i]`` maps GPU counts (rounded up to chunks) to durations. Raises ``Infeasible`` when even the

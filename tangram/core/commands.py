@@ -1,0 +1,121 @@
+"""Outputs of the core, in the imperative. Every command is a frozen dataclass.
+
+Per node, commands must be applied in the order returned (``CreateSandbox`` before the
+``Spawn`` that uses it, ``Evict`` before ``Load`` before ``Invoke``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tangram.core.status import Shortfall
+
+
+@dataclass(frozen=True)
+class CreateSandbox:
+    node: str
+    sandbox: str
+    mem_mib: int
+    image: str = ""
+
+
+@dataclass(frozen=True)
+class DestroySandbox:
+    node: str
+    sandbox: str
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Run EXEC action ``action_id`` in ``sandbox`` on exactly ``cores`` with ``dop`` workers."""
+
+    action_id: str
+    node: str
+    sandbox: str
+    cores: tuple[int, ...]
+    dop: int
+    est_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Load:
+    """Restore ``service`` from host memory onto GPUs ``[start, end)`` of ``node``."""
+
+    node: str
+    service: str
+    start: int
+    end: int
+    est_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Evict:
+    """Drop ``service`` from GPUs ``[start, end)`` of ``node`` (no write-back)."""
+
+    node: str
+    service: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Invoke:
+    """Run CALL action ``action_id`` on ``service`` resident on GPUs ``[start, end)``."""
+
+    action_id: str
+    node: str
+    service: str
+    start: int
+    end: int
+    est_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Grant:
+    """API lease ``action_id`` may call ``api`` now, until ``expires`` (core time)."""
+
+    action_id: str
+    api: str
+    expires: float = 0.0
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """Reserved sandbox (OPEN action) placed: it holds ``cores`` until it closes."""
+
+    action_id: str
+    node: str
+    sandbox: str
+    cores: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Kill:
+    """Stop running action ``action_id`` on ``node`` (its whole process tree)."""
+
+    action_id: str
+    node: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Answer ``action_id`` with an error code (``NO_CAPACITY``, ``TIMEOUT``, ...)."""
+
+    action_id: str
+    code: str
+    message: str
+    reasons: tuple[Shortfall, ...] = ()
+
+
+@dataclass(frozen=True)
+class Done:
+    """Action ``action_id`` reached its end in the core (resources are free again)."""
+
+    action_id: str
+    ok: bool
+    reason: str = ""
+
+
+Command = CreateSandbox | DestroySandbox | Spawn | Load | Evict | Invoke | Grant | Reserve | Kill | Reject | Done
+
+START_COMMANDS = (Spawn, Invoke, Grant, Reserve)

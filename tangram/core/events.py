@@ -1,0 +1,123 @@
+"""Inputs to the core, named in the past tense. Every event is a frozen dataclass.
+
+Drivers (the live controller, the simulator) turn the world into these and call
+``Scheduler.handle(event, now)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tangram.core.actions import ActionSpec
+
+
+@dataclass(frozen=True)
+class NodeJoined:
+    """A node offers ``cpus`` (core ids, grouped by NUMA domain in ``numa``), memory and GPUs."""
+
+    node: str
+    cpus: tuple[int, ...] = ()
+    numa: tuple[tuple[int, ...], ...] = ()
+    mem_mib: int = 0
+    gpus: int = 0
+    gpu_mem_mib: int = 0  # per GPU
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    node: str
+    reason: str = "node lost"
+
+
+@dataclass(frozen=True)
+class ServiceDefined:
+    """A GPU service: its memory per GPU for each chunk size it runs on, its restore time."""
+
+    service: str
+    gpu_mem_mib: int
+    chunk_sizes: tuple[int, ...] = (1,)
+    load_s: float = 0.0
+    t_ori: float | None = None
+
+
+@dataclass(frozen=True)
+class ApiDefined:
+    """An external API: ``mode`` is ``concurrency`` (limit in flight) or ``quota`` (per period)."""
+
+    api: str
+    mode: str
+    limit: int
+    period_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class SandboxOpened:
+    """A trajectory's environment. ``reserve`` > 0 holds that many cores until it closes."""
+
+    sandbox: str
+    client: str = ""
+    mem_mib: int = 0
+    image: str = ""
+    reserve: int = 0
+    task: str = ""
+
+
+@dataclass(frozen=True)
+class SandboxClosed:
+    sandbox: str
+
+
+@dataclass(frozen=True)
+class ActionSubmitted:
+    spec: ActionSpec
+
+
+@dataclass(frozen=True)
+class ActionFinished:
+    """An action ended on its node (or a lease was released). ``ok`` False: it failed."""
+
+    action_id: str
+    ok: bool = True
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ActionCancelled:
+    action_id: str
+    reason: str = "cancelled"
+
+
+@dataclass(frozen=True)
+class ServiceEvicted:
+    """A node reports it no longer holds ``service`` on the chunk starting at ``start``."""
+
+    node: str
+    service: str
+    start: int
+
+
+@dataclass(frozen=True)
+class ClientGone:
+    """A client is gone for good: cancel its work, close its sandboxes."""
+
+    client: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed; the core acts on deadlines that are due."""
+
+
+Event = (
+    NodeJoined
+    | NodeLost
+    | ServiceDefined
+    | ApiDefined
+    | SandboxOpened
+    | SandboxClosed
+    | ActionSubmitted
+    | ActionFinished
+    | ActionCancelled
+    | ServiceEvicted
+    | ClientGone
+    | Tick
+)
