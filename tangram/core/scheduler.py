@@ -58,6 +58,7 @@ class Waiting:
     submitted: float
     deadline: float | None
     status: Status = ADMITTED
+    need: int = 0  # the policy's minimum units, fixed at submission
 
 
 @dataclass
@@ -120,6 +121,7 @@ class Scheduler:
         self.basic = BasicManager()
         self.history = DurationHistory(default_s=self.config.default_duration_s)
         self.queues: dict[str, dict[str, Waiting]] = {}
+        self._cpu_sub: dict[str, dict[str, Waiting]] = {}  # CPU queue per node ("" = no node yet)
         self.running: dict[str, Running] = {}
         self.sandboxes: dict[str, Sandbox] = {}
         self.now = 0.0
@@ -302,7 +304,10 @@ class Scheduler:
         pool = self._pool(spec)
         self._seq += 1
         deadline = self.now + spec.timeout_s if spec.timeout_s > 0 else None
-        self.queues.setdefault(pool, {})[spec.action_id] = Waiting(spec, self._seq, self.now, deadline)
+        w = Waiting(spec, self._seq, self.now, deadline, need=self._min_units(spec))
+        self.queues.setdefault(pool, {})[spec.action_id] = w
+        if pool == CPU:
+            self._cpu_sub.setdefault(self._sub_key(spec), {})[spec.action_id] = w
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, self._seq, spec.action_id))
         self._dirty.add(pool)
@@ -400,41 +405,57 @@ class Scheduler:
             out.append(cmd.Grant(aid, api.name, expires))
 
     def _pass_cpu(self, out: list[cmd.Command]) -> None:
-        """Algorithm 1 per node: FCFS prefixes whose minimums fit, then elastic DP."""
+        """Algorithm 1 per node: FCFS prefixes whose minimums fit, then elastic DP.
+
+        The CPU queue is kept per node (plus one queue of trajectories without a node yet);
+        the pass merges them in submission order and stops reading a queue at its first
+        action that does not fit, so a pass costs O(started + nodes), not O(queued)."""
         free = {n: node.free for n, node in self.cpu.nodes.items()}
-        blocked: set[str] = set()
-        unbound_blocked = False
         cands: dict[str, list[Waiting]] = {}
         behind: dict[str, list[Waiting]] = {}
-        for w in self.queues[CPU].values():
-            spec = w.spec
-            need = self._min_units(spec)
-            sb = self.sandboxes.get(spec.sandbox)
-            node = sb.node if sb is not None else None
-            if node is not None:
-                if node in blocked:
+        tentative: dict[str, str] = {}  # sandbox -> node chosen earlier in this pass
+        heads: list[tuple[int, str]] = []
+        iters = {key: iter(q.values()) for key, q in self._cpu_sub.items() if q}
+        for key, it in iters.items():
+            first = next(it, None)
+            if first is not None:
+                heads.append((first.seq, key))
+                iters[key] = _Peek(first, it)  # type: ignore[assignment]
+        heapq.heapify(heads)
+        blocked: set[str] = set()
+        while heads:
+            _, key = heapq.heappop(heads)
+            src = iters[key]
+            assert isinstance(src, _Peek)
+            w = src.pop()
+            node = key or tentative.get(w.spec.sandbox, "")
+            if node:
+                if node in blocked or free.get(node, 0) < w.need:
+                    if node not in blocked:
+                        blocked.add(node)
+                        total = self.cpu.nodes[node].total
+                        w.status = wait(Shortfall(CPU, w.need, free.get(node, 0), total, node))
                     behind.setdefault(node, []).append(w)
-                elif free[node] >= need:
-                    cands.setdefault(node, []).append(w)
-                    free[node] -= need
+                    if key:  # the rest of this node's queue waits behind it
+                        behind[node].extend(src.take(self.config.behind_limit))
+                        continue
                 else:
-                    blocked.add(node)
-                    total = self.cpu.nodes[node].total
-                    w.status = wait(Shortfall(CPU, need, free[node], total, node))
-                    behind.setdefault(node, []).append(w)
-                continue
-            if unbound_blocked:
-                w.status = wait(message="behind an earlier new trajectory that does not fit yet")
-                continue
-            mem = sb.mem_mib if sb is not None else spec.mem_mib
-            target = self.cpu.place(need, mem, free, blocked)
-            if target is None:
-                unbound_blocked = True
-                w.status = self._placement_shortfall(need, mem, free)
-                continue
-            self._bind(spec, target, out)
-            cands.setdefault(target, []).append(w)
-            free[target] -= need
+                    cands.setdefault(node, []).append(w)
+                    free[node] -= w.need
+            else:
+                sb = self.sandboxes.get(w.spec.sandbox)
+                mem = sb.mem_mib if sb is not None else w.spec.mem_mib
+                target = self.cpu.place(w.need, mem, free, blocked)
+                if target is None:
+                    w.status = self._placement_shortfall(w.need, mem, free)
+                    continue  # new trajectories queue FCFS behind this one
+                tentative[w.spec.sandbox] = target
+                cands.setdefault(target, []).append(w)
+                free[target] -= w.need
+            if src.has_next():
+                heapq.heappush(heads, (src.peek_seq(), key))
+        for spec_sb, node in tentative.items():
+            self._bind_sandbox(spec_sb, node, out)
         for node in sorted(cands):
             self._start_cpu_group(node, cands[node], behind.get(node, []), out)
 
@@ -450,13 +471,21 @@ class Scheduler:
             reasons.append(Shortfall("mem", mem, best_mem, mem_total, "any node"))
         return wait(*reasons, message="no node has the cores and the trajectory's memory free together")
 
-    def _bind(self, spec: ActionSpec, node: str, out: list[cmd.Command]) -> None:
-        sb = self.sandboxes.get(spec.sandbox)
-        if sb is None:
+    def _bind_sandbox(self, sandbox: str, node: str, out: list[cmd.Command]) -> None:
+        sb = self.sandboxes.get(sandbox)
+        if sb is None or sb.node is not None:
             return
         sb.node = node
         self.cpu.bind(sb.sandbox, node, sb.mem_mib)
         out.append(cmd.CreateSandbox(node, sb.sandbox, sb.mem_mib, sb.image))
+        loose = self._cpu_sub.get("", {})
+        moved = [w for w in loose.values() if w.spec.sandbox == sb.sandbox]
+        if moved:
+            target = self._cpu_sub.setdefault(node, {})
+            for w in moved:
+                del loose[w.spec.action_id]
+            merged = sorted([*target.values(), *moved], key=lambda w: w.seq)
+            self._cpu_sub[node] = {w.spec.action_id: w for w in merged}
 
     def _start_cpu_group(self, node: str, group: list[Waiting], waiting: list[Waiting], out: list[cmd.Command]) -> None:
         cpu_node = self.cpu.nodes[node]
@@ -465,7 +494,7 @@ class Scheduler:
             if u == 0:
                 w.status = wait(message="held back: starting it now would raise the summed completion time")
                 continue
-            del self.queues[CPU][w.spec.action_id]
+            self._dequeue(CPU, w.spec.action_id)
             cores = cpu_node.pick(u)
             cpu_node.take(cores)
             est = self._estimate(w.spec, u)
@@ -518,7 +547,7 @@ class Scheduler:
         self, group: list[Waiting], waiting: list[Waiting], free_units: int, running: list[tuple[float, int]]
     ) -> list[int]:
         """Units per candidate (0: held back), via DPArrange and greedy eviction."""
-        spare = free_units - sum(self._min_units(w.spec) for w in group)
+        spare = free_units - sum(w.need for w in group)
         if self.config.policy == MAX:
             return self._greedy_max(group, spare)
         options = [self._options(w.spec, spare) for w in group]
@@ -609,6 +638,8 @@ class Scheduler:
         behind: list[Waiting] = []
         for w in self.queues[GPU].values():
             if blocked:
+                if len(behind) >= self.config.behind_limit:
+                    break
                 behind.append(w)
                 continue
             size = chunk_size(w.spec.key_demand.min)
@@ -748,9 +779,22 @@ class Scheduler:
         self.counters["finished" if ok else "failed"] = self.counters.get("finished" if ok else "failed", 0) + 1
         out.append(cmd.Done(aid, ok, reason))
 
+    def _dequeue(self, pool: str, aid: str) -> None:
+        w = self.queues[pool].pop(aid, None)
+        if w is not None and pool == CPU:
+            key = self._sub_key(w.spec)
+            sub = self._cpu_sub.get(key)
+            if sub is None or sub.pop(aid, None) is None:  # bound since: search every sub-queue
+                for q in self._cpu_sub.values():
+                    q.pop(aid, None)
+
+    def _sub_key(self, spec: ActionSpec) -> str:
+        sb = self.sandboxes.get(spec.sandbox)
+        return sb.node if sb is not None and sb.node is not None else ""
+
     def _drop(self, pool: str, aid: str, out: list[cmd.Command], code: str, message: str,
               reasons: tuple[Shortfall, ...] = ()) -> None:
-        self.queues[pool].pop(aid, None)
+        self._dequeue(pool, aid)
         self._dirty.add(pool)
         out.append(cmd.Reject(aid, code, message, reasons))
 
@@ -822,6 +866,33 @@ class Scheduler:
         )
         return Snapshot(self.now, tuple(nodes), services, apis, queue, len(rows), len(self.running),
                         tuple(sorted(self.counters.items())))
+
+
+class _Peek:
+    """An iterator over waiting actions with one item of look-ahead."""
+
+    def __init__(self, first: Waiting, rest: object) -> None:
+        self._next: Waiting | None = first
+        self._rest = rest
+
+    def pop(self) -> Waiting:
+        w = self._next
+        assert w is not None
+        self._next = next(self._rest, None)  # type: ignore[call-overload]
+        return w
+
+    def has_next(self) -> bool:
+        return self._next is not None
+
+    def peek_seq(self) -> int:
+        assert self._next is not None
+        return self._next.seq
+
+    def take(self, n: int) -> list[Waiting]:
+        out = []
+        while self._next is not None and len(out) < n:
+            out.append(self.pop())
+        return out
 
 
 class _FreeView:
