@@ -49,6 +49,7 @@ class CoreConfig:
     lease_ttl_s: float = 300.0
     default_duration_s: float = 1.0
     behind_limit: int = 32
+    cache_aware: bool = True  # False: GPU chunks chosen ignoring residency (the serverless baseline)
 
 
 @dataclass
@@ -117,7 +118,7 @@ class Scheduler:
         self.config = config or CoreConfig()
         self.random = Random(seed)  # private; tie-breaks that need it stay reproducible
         self.cpu = CpuManager()
-        self.gpu = GpuManager()
+        self.gpu = GpuManager(cache_aware=self.config.cache_aware)
         self.basic = BasicManager()
         self.history = DurationHistory(default_s=self.config.default_duration_s)
         self.queues: dict[str, dict[str, Waiting]] = {}

@@ -127,7 +127,8 @@ class GpuNode:
 
 
 class GpuManager:
-    def __init__(self) -> None:
+    def __init__(self, cache_aware: bool = True) -> None:
+        self.cache_aware = cache_aware  # False: residency does not steer the choice of chunk
         self.nodes: dict[str, GpuNode] = {}
         self.services: dict[str, ServiceInfo] = {}
 
@@ -173,7 +174,7 @@ class GpuManager:
                 if evict is None:
                     continue
                 block = node.enclosing_free_block(start, size, b)
-                key = (0 if resident else 1, block, len(evict), name, start)
+                key = (0 if resident and self.cache_aware else 1, block, len(evict), name, start)
                 if best is None or key < best[0]:
                     best = (key, Placement(name, start, size, evict, resident))
         return None if best is None else best[1]
