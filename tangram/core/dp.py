@@ -51,6 +51,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 Options = Sequence[Mapping[int, float]]
 Arrangement = tuple[float, list[int]]
+Curve = tuple[int, list[float]]  # (lo, [d(lo), .., d(hi)])
 
 TIE_RTOL: Final = 1e-12
 """Totals within this relative distance of the optimum count as ties (then fewer units win)."""
@@ -155,10 +156,10 @@ def _checked(options: Options) -> list[dict[int, float]]:
             raise Infeasible(f"candidate {i} has no feasible unit count")
         if min(opt) < 0:
             raise Infeasible(f"candidate {i} has a negative unit count {min(opt)}")
-        bad = [u for u, d in opt.items() if not isfinite(d)]
-        if bad:
-            raise ValueError(f"candidate {i} has a non-finite duration for {bad[0]} units")
-        out.append({int(u): float(d) for u, d in opt.items()})
+        if not all(map(isfinite, opt.values())):
+            bad = next(u for u, d in opt.items() if not isfinite(d))
+            raise ValueError(f"candidate {i} has a non-finite duration for {bad} units")
+        out.append(dict(opt))
     return out
 
 
@@ -291,15 +292,15 @@ def _check_minimums(options: Sequence[Mapping[int, float]], capacity: int) -> No
 # --------------------------------------------------------------------------------------------- greedy path
 
 
-def _convex_curve(opt: Mapping[int, float]) -> tuple[int, list[float]] | None:
+def _convex_curve(opt: Mapping[int, float]) -> Curve | None:
     """``(lo, [d(lo), .., d(hi)])`` when ``opt`` is a convex contiguous range, else ``None``."""
     if not opt:
         return None
     lo, hi = min(opt), max(opt)
     if lo < 0 or len(opt) != hi - lo + 1:
         return None
-    curve = [float(opt[m]) for m in range(lo, hi + 1)]
-    if not all(isfinite(d) for d in curve):
+    curve = list(map(float, map(opt.__getitem__, range(lo, hi + 1))))
+    if not all(map(isfinite, curve)):
         return None
     if len(curve) >= 3:
         d = np.array(curve)
@@ -314,14 +315,23 @@ def is_convex_range(opt: Mapping[int, float]) -> bool:
     return _convex_curve(opt) is not None
 
 
-def _convex_curves(options: Options) -> list[tuple[int, list[float]]]:
-    """The curves of every candidate, or ValueError when one is not a convex range."""
+def _all_curves(options: Options) -> list[Curve] | None:
+    """The curve of every candidate, or ``None`` as soon as one is not a convex range."""
     curves = []
-    for i, opt in enumerate(options):
+    for opt in options:
         curve = _convex_curve(opt)
         if curve is None:
-            raise ValueError(f"candidate {i} is not a convex contiguous range; use arrange() or dp_arrange()")
+            return None
         curves.append(curve)
+    return curves
+
+
+def _convex_curves(options: Options) -> list[Curve]:
+    """The curves of every candidate, or ValueError when one is not a convex range."""
+    curves = _all_curves(options)
+    if curves is None:
+        i = next(i for i, opt in enumerate(options) if not is_convex_range(opt))
+        raise ValueError(f"candidate {i} is not a convex contiguous range; use arrange() or dp_arrange()")
     return curves
 
 
@@ -339,7 +349,7 @@ def greedy_arrange(options: Options, capacity: int) -> Arrangement:
     return _total(checked, units), units
 
 
-def _greedy_steps(curves: Sequence[tuple[int, list[float]]], spare: int) -> list[int]:
+def _greedy_steps(curves: Sequence[Curve], spare: int) -> list[int]:
     """Extra units per candidate handed out one at a time from a max-heap of marginal gains."""
     steps = [0] * len(curves)
     heap = [(c[1] - c[0], i) for i, (_, c) in enumerate(curves) if len(c) > 1 and c[0] - c[1] > 0]
@@ -364,12 +374,12 @@ class GreedyTable:
 
     __slots__ = ("_capacity", "_lo", "_lo_prefix", "_options", "_sorted_owner")
 
-    def __init__(self, options: Options, capacity: int) -> None:
+    def __init__(self, options: Options, capacity: int, *, _curves: Sequence[Curve] | None = None) -> None:
         if capacity < 0:
             raise ValueError(f"`capacity` must be >= 0, got {capacity}")
         self._options = _checked(options)
         self._capacity = capacity
-        curves = _convex_curves(self._options)
+        curves = _convex_curves(self._options) if _curves is None else _curves
         self._lo = np.array([lo for lo, _ in curves], dtype=np.int64)
         self._lo_prefix = np.concatenate(([0], np.cumsum(self._lo)))
         self._sorted_owner = _sorted_gain_owners(curves, capacity)
@@ -392,13 +402,25 @@ class GreedyTable:
                 f"the minimums of the first {t} candidates need {spare + self._capacity} units "
                 f"but only {self._capacity} are free"
             )
-        owners = self._sorted_owner
-        picked = owners[owners < t][:spare]
-        units = (self._lo[:t] + np.bincount(picked, minlength=t)).tolist()
+        units = (self._lo[:t] + self._extra_units(t, spare)).tolist()
         return _total(self._options[:t], units), units
 
+    def _extra_units(self, t: int, spare: int) -> IntArray:
+        """Extra units per candidate ``< t``: the first ``spare`` sorted gains they own.
 
-def _sorted_gain_owners(curves: Sequence[tuple[int, list[float]]], capacity: int) -> IntArray:
+        Scans the sorted owners in doubling blocks, so a prefix whose gains come early costs far less than P.
+        """
+        owners, extra = self._sorted_owner, np.zeros(t, dtype=np.int64)
+        start, block = 0, max(1024, 2 * spare)
+        while spare > 0 and start < owners.size:
+            chunk = owners[start : start + block]
+            picked = chunk[chunk < t][:spare]
+            extra += np.bincount(picked, minlength=t)
+            spare, start, block = spare - picked.size, start + block, block * 2
+        return extra
+
+
+def _sorted_gain_owners(curves: Sequence[Curve], capacity: int) -> IntArray:
     """Owner (candidate index) of each leading positive gain, in (gain desc, owner, step) order."""
     gains: list[FloatArray] = []
     owners: list[IntArray] = []
@@ -412,8 +434,7 @@ def _sorted_gain_owners(curves: Sequence[tuple[int, list[float]]], capacity: int
     if not gains:
         return np.zeros(0, dtype=np.int64)
     gain, owner = np.concatenate(gains), np.concatenate(owners)
-    step = np.concatenate([np.arange(g.size) for g in gains])
-    order = np.lexsort((step, owner, -gain))
+    order = np.argsort(-gain, kind="stable")  # the pool is in (owner, step) order already
     return owner[order]
 
 
@@ -422,13 +443,14 @@ def _sorted_gain_owners(curves: Sequence[tuple[int, list[float]]], capacity: int
 
 def arrange(options: Options, capacity: int) -> Arrangement:
     """:func:`greedy_arrange` when every candidate is a convex range, :func:`dp_arrange` otherwise."""
-    if all(is_convex_range(opt) for opt in options):
+    if _all_curves(options) is not None:
         return greedy_arrange(options, capacity)
     return dp_arrange(options, capacity)
 
 
 def arrange_table(options: Options, capacity: int) -> PrefixTable:
     """A prefix table over plain units: :class:`GreedyTable` when every candidate is a convex range."""
-    if all(is_convex_range(opt) for opt in options):
-        return GreedyTable(options, capacity)
+    curves = _all_curves(options)
+    if curves is not None:
+        return GreedyTable(options, capacity, _curves=curves)
     return DPTable(options, PlainOperator(capacity))
