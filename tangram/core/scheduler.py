@@ -27,7 +27,7 @@ from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, DurationHistory, Kind, duration
 from tangram.core.approx import Behind, approx_acts
 from tangram.core.dp import DPTable, arrange_table
-from tangram.core.gpu import ChunkOperator
+from tangram.core.gpu import ChunkOperator, root_chunks
 from tangram.core.managers.basic import BasicManager
 from tangram.core.managers.cpu import CpuManager
 from tangram.core.managers.gpu import SIZES, GpuManager, GpuNode, ServiceInfo, chunk_size
@@ -680,7 +680,7 @@ class Scheduler:
         options = [self._gpu_options(w.spec, free) for w in group]
         if all(len(o) == 1 for o in options):
             return [next(iter(o)) for o in options]
-        table = DPTable(options, ChunkOperator(_FreeView(gnode)))  # type: ignore[arg-type]
+        table = DPTable(options, ChunkOperator(_FreeView(gnode)))
         n = len(group)
         if not table.feasible(n):
             return mins
@@ -902,7 +902,8 @@ class _FreeView:
     def __init__(self, node: GpuNode) -> None:
         self.max_chunk = max(s for s in SIZES if s <= node.count)
         self._sizes: dict[int, int] = {}
-        self._scan(node, 0, self.max_chunk, node.count)
+        for start, end in root_chunks(node.count):
+            self._scan(node, start, end - start, node.count)
 
     def _scan(self, node: GpuNode, start: int, size: int, count: int) -> None:
         if start >= count:

@@ -245,3 +245,13 @@ def test_policies_plug_in():
         open_sb(s, "sb")
         out = s.handle(ev.ActionSubmitted(exec_spec("a", "sb", 1, 8, t_ori=8.0, serial=0.0)), 0)
         assert started(out)[0].dop == want, policy
+
+
+def test_elastic_gpu_call_on_a_six_gpu_node_uses_the_tail_chunk():
+    s = make(cores=1, gpus=6)
+    s.handle(ev.ServiceDefined("t", 10_000, (1, 2, 4), load_s=0.0, t_ori=8.0), 0)
+    first = started(s.handle(ev.ActionSubmitted(call_spec("x", "t", (4,))), 0), cmd.Invoke)[0]
+    assert (first.start, first.end) == (0, 4)
+    out = s.handle(ev.ActionSubmitted(call_spec("y", "t", (1, 2), serial=0.0)), 0)
+    (inv,) = started(out, cmd.Invoke)
+    assert (inv.start, inv.end) == (4, 6)  # the free 2-chunk past the first root chunk
