@@ -1,0 +1,366 @@
+"""`tangram.AsyncClient`: the asyncio client rollout code uses.
+
+    async with tangram.AsyncClient("tcp://127.0.0.1:7701", name="worker-3") as tg:
+        async with tg.sandbox(image="", mem="2GiB") as env:
+            await env.put("solve.py", b"print(42)")
+            r = await env.exec("python3 solve.py", cpus=1, timeout=60)
+            r = await env.exec("python3 -m pytest -n {dop}", cpus=(1, 8), elastic="pytest")
+        score = await tg.call("reward", {"text": r.stdout}, gpus=1, timeout=30)
+        async with tg.api("search", timeout=30):
+            ...                                 # your own HTTP call, inside the quota
+
+Rules:
+
+1. Every method takes `timeout=` (seconds); None means the client's `default_timeout`, and
+   if that is None too, the controller's maximum. The timeout is sent as a budget; the
+   controller kills the action when it runs out (`ActionTimeout`). The client waits a few
+   seconds longer than the budget for the controller's answer before giving up on its own.
+2. Cancelling the task that awaits a request sends `Cancel`; the action is killed or dropped
+   from the queue on the controller.
+3. Errors are `tangram.errors` classes mapped from wire codes, each with `.retryable`.
+4. Leaving a `sandbox()` or `api()` context closes it, idempotently, even on errors.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgpack  # type: ignore[import-untyped]
+
+from tangram import protocol
+from tangram.client.transport import Pending, Transport
+from tangram.errors import (
+    ActionTimeout,
+    BadRequest,
+    ClusterNotFound,
+    ControllerUnreachable,
+    NonZeroExit,
+    ProtocolError,
+)
+
+__all__ = ["ApiLease", "AsyncClient", "AsyncSandbox", "CallResult", "ExecResult", "parse_mem"]
+
+T = TypeVar("T")
+GRACE_S = 5.0  # how much longer than the budget the client waits for the controller's answer
+
+_UNITS = {"": 1 << 20, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+
+
+def parse_mem(mem: int | str | None) -> int:
+    """MiB from an int (MiB) or a size string such as "4GiB", "512MiB", "2g"."""
+    if mem is None:
+        return 0
+    if isinstance(mem, bool):
+        raise BadRequest(f"mem must be MiB or a size such as '4GiB', got {mem!r}")
+    if isinstance(mem, int):
+        if mem < 0:
+            raise BadRequest("mem must be >= 0")
+        return mem
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(mem))
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise BadRequest(f"mem must be MiB or a size such as '4GiB', got {mem!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()]) >> 20
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    truncated: bool
+    queued_s: float
+    run_s: float
+    overhead_s: float
+    node: str
+    cores: tuple[int, ...]
+    dop: int = 0
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class CallResult:
+    value: Any
+    queued_s: float
+    run_s: float
+    overhead_s: float
+    node: str
+    gpus: tuple[int, ...]
+    loaded: bool
+
+
+def _budget_ms(timeout: float | None) -> int:
+    if timeout is None:
+        return 0
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
+        raise BadRequest(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return max(1, int(timeout * 1000))
+
+
+class AsyncClient:
+    def __init__(self, addr: str | None = None, *, name: str | None = None, default_timeout: float | None = None,
+                 heartbeat_s: float = 1.0, connect_timeout: float = 10.0) -> None:
+        addr = addr or os.environ.get("TANGRAM_ADDR")
+        if not addr:
+            addr = _local_addr()
+        self.addr = addr
+        self.name = _clean_name(name or f"client-{os.getpid()}")
+        self.default_timeout = default_timeout
+        self._transport = Transport(addr, self.name, heartbeat_s=heartbeat_s, connect_timeout=connect_timeout)
+        self._connected = False
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> AsyncClient:
+        return cls(None, **kwargs)
+
+    async def connect(self) -> AsyncClient:
+        if not self._connected:
+            await self._transport.start()
+            self._connected = True
+        return self
+
+    async def close(self) -> None:
+        await self._transport.close()
+        self._connected = False
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def controller_epoch(self) -> int | None:
+        return self._transport.epoch
+
+    # ------------------------------------------------------------ plumbing
+    def _timeout(self, timeout: float | None) -> float | None:
+        return self.default_timeout if timeout is None else timeout
+
+    async def _roundtrip(self, msg: protocol.Message, blobs: list[bytes] | tuple[bytes, ...] = (), *,
+                         timeout: float | None = None, idempotent: bool = False,
+                         cancellable: bool = True) -> protocol.Envelope:
+        if not self._connected:
+            raise ControllerUnreachable("the client is not connected: use `async with AsyncClient(...)`")
+        try:
+            pending = self._transport.request(msg, blobs, idempotent=idempotent)
+        except ProtocolError as exc:
+            raise BadRequest(str(exc)) from None
+        wait = None if timeout is None else timeout + GRACE_S
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending.final), wait)
+        except asyncio.TimeoutError:
+            self._cancel(pending)
+            raise ActionTimeout(f"no answer within {timeout:g}s (+{GRACE_S:g}s grace)") from None
+        except asyncio.CancelledError:
+            if cancellable:
+                self._cancel(pending)
+            raise
+
+    def _cancel(self, pending: Pending) -> None:
+        self._transport.forget(pending.request_id)
+        if not pending.final.done():
+            pending.final.cancel()
+        self._transport.send_raw(protocol.Cancel(pending.request_id), self._transport._next_rid())
+
+    # ------------------------------------------------------------ API
+    def sandbox(self, image: str = "", mem: int | str | None = None, reserve: int = 0,
+                timeout: float | None = None, labels: Mapping[str, str] | None = None) -> _SandboxContext:
+        """An async context manager opening one sandbox (one per trajectory)."""
+        return _SandboxContext(self, image, parse_mem(mem), reserve, timeout, dict(labels or {}))
+
+    async def open_sandbox(self, image: str = "", mem: int | str | None = None, reserve: int = 0,
+                           timeout: float | None = None, labels: Mapping[str, str] | None = None) -> AsyncSandbox:
+        msg = protocol.SandboxOpen(image, parse_mem(mem), reserve, float(timeout or 0.0), dict(labels or {}))
+        env = await self._roundtrip(msg, timeout=self._timeout(timeout) if reserve else None, idempotent=True)
+        return AsyncSandbox(self, str(env.msg.body["sandbox"]))  # type: ignore[attr-defined]
+
+    async def call(self, service: str, payload: Any, gpus: int | list[int] | tuple[int, ...] = 1,
+                   timeout: float | None = None, idempotent: bool = True) -> CallResult:
+        """Call GPU service `service` with a msgpack-able payload."""
+        if isinstance(gpus, (list, tuple)):
+            if not gpus:
+                raise BadRequest("gpus must name at least one size")
+            gpus = min(gpus)  # protocol 1.0 carries one size; the smallest always fits where a larger would
+        timeout = self._timeout(timeout)
+        try:
+            blob = msgpack.packb(payload, use_bin_type=True)
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(f"payload is not msgpack-serialisable: {exc}") from None
+        env = await self._roundtrip(protocol.Call(service, int(gpus), _budget_ms(timeout)), [blob],
+                                    timeout=timeout, idempotent=idempotent)
+        body = env.msg.body  # type: ignore[attr-defined]
+        value = msgpack.unpackb(env.blobs[0], raw=False) if env.blobs else None
+        return CallResult(value, float(body.get("queued_s", 0)), float(body.get("run_s", 0)),
+                          float(body.get("overhead_s", 0)), str(body.get("node", "")),
+                          tuple(body.get("gpus", ())), bool(body.get("loaded", False)))
+
+    def api(self, name: str, timeout: float | None = None, units: int = 1) -> ApiLease:
+        """An async context manager holding `units` of API `name`'s quota while inside it."""
+        return ApiLease(self, name, self._timeout(timeout), units)
+
+    def submit(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> asyncio.Task[T]:
+        """Start `fn(*args, **kwargs)` (e.g. `env.exec`, `client.call`) as a task, for fan-out."""
+        return asyncio.ensure_future(fn(*args, **kwargs))
+
+    async def status(self) -> None:  # pragma: no cover - status lives on its own socket
+        raise NotImplementedError("use `tangram status`")
+
+
+class _SandboxContext:
+    def __init__(self, client: AsyncClient, image: str, mem: int, reserve: int, timeout: float | None,
+                 labels: dict[str, str]) -> None:
+        self._args = (client, image, mem, reserve, timeout, labels)
+        self._sandbox: AsyncSandbox | None = None
+
+    async def __aenter__(self) -> AsyncSandbox:
+        client, image, mem, reserve, timeout, labels = self._args
+        self._sandbox = await client.open_sandbox(image, mem, reserve, timeout, labels)
+        return self._sandbox
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._sandbox is not None:
+            await self._sandbox.close()
+
+    def __await__(self) -> Any:
+        client, image, mem, reserve, timeout, labels = self._args
+        return client.open_sandbox(image, mem, reserve, timeout, labels).__await__()
+
+
+class AsyncSandbox:
+    def __init__(self, client: AsyncClient, sandbox: str) -> None:
+        self.client = client
+        self.id = sandbox
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox({self.id!r})"
+
+    async def exec(self, cmd: str, cpus: int | tuple[int, int] = 1,
+                   elastic: str | Mapping[int, float] | None = None, duration_hint: float | None = None,
+                   timeout: float | None = None, env: Mapping[str, str] | None = None, check: bool = False,
+                   stdin: bytes | None = None, idempotent: bool = False) -> ExecResult:
+        """Run `cmd` (through `sh -c`) on `cpus` cores; `{dop}` becomes the granted core count."""
+        if isinstance(cpus, (tuple, list)):
+            if len(cpus) != 2:
+                raise BadRequest("cpus must be an int or a (min, max) pair")
+            lo, hi = int(cpus[0]), int(cpus[1])
+        elif isinstance(cpus, int) and not isinstance(cpus, bool):
+            lo = hi = cpus
+        else:
+            raise BadRequest(f"cpus must be an int or a (min, max) pair, got {cpus!r}")
+        if lo < 1 or hi < lo:
+            raise BadRequest(f"cpus must satisfy 1 <= min <= max, got ({lo}, {hi})")
+        profile, table = None, None
+        if isinstance(elastic, str):
+            profile = elastic
+        elif elastic is not None:
+            table = {str(int(k)): float(v) for k, v in dict(elastic).items()}
+        timeout = self.client._timeout(timeout)
+        msg = protocol.Exec(self.id, cmd, lo, hi, profile, table, float(duration_hint or 0.0), dict(env or {}),
+                            _budget_ms(timeout), idempotent)
+        envl = await self.client._roundtrip(msg, [stdin] if stdin is not None else [], timeout=timeout,
+                                            idempotent=idempotent)
+        body = envl.msg.body  # type: ignore[attr-defined]
+        out = envl.blobs[0] if len(envl.blobs) > 0 else b""
+        err = envl.blobs[1] if len(envl.blobs) > 1 else b""
+        result = ExecResult(
+            exit_code=int(body.get("exit_code", -1)), stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"), truncated=bool(body.get("truncated", False)),
+            queued_s=float(body.get("queued_s", 0)), run_s=float(body.get("run_s", 0)),
+            overhead_s=float(body.get("overhead_s", 0)), node=str(body.get("node", "")),
+            cores=tuple(body.get("cores", ())), dop=int(body.get("dop", 0) or 0), stdout_bytes=out,
+            stderr_bytes=err)
+        if check and result.exit_code != 0:
+            raise NonZeroExit(f"command exited {result.exit_code}: {cmd[:80]}", result=result)
+        return result
+
+    def submit(self, cmd: str, **kwargs: Any) -> asyncio.Task[ExecResult]:
+        """`exec` as a task, for fan-out."""
+        return asyncio.ensure_future(self.exec(cmd, **kwargs))
+
+    async def put(self, path: str, data: bytes | str, timeout: float | None = None) -> None:
+        blob = data.encode() if isinstance(data, str) else bytes(data)
+        await self.client._roundtrip(protocol.Put(self.id, path), [blob], timeout=self.client._timeout(timeout),
+                                     idempotent=True)
+
+    async def get(self, path: str, timeout: float | None = None) -> bytes:
+        env = await self.client._roundtrip(protocol.Get(self.id, path), timeout=self.client._timeout(timeout),
+                                           idempotent=True)
+        return env.blobs[0] if env.blobs else b""
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self.client._roundtrip(protocol.SandboxClose(self.id), idempotent=True, cancellable=False)
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class ApiLease:
+    """`async with client.api("search"):` holds one slot of the API's quota."""
+
+    def __init__(self, client: AsyncClient, api: str, timeout: float | None, units: int) -> None:
+        self.client = client
+        self.api = api
+        self.timeout = timeout
+        self.units = units
+        self.lease: str | None = None
+        self.queued_s = 0.0
+        self.expires_in_s = 0.0
+
+    async def acquire(self) -> ApiLease:
+        env = await self.client._roundtrip(protocol.Lease(self.api, self.units, _budget_ms(self.timeout)),
+                                           timeout=self.timeout)
+        body = env.msg.body  # type: ignore[attr-defined]
+        self.lease = str(body["lease"])
+        self.queued_s = float(body.get("queued_s", 0.0))
+        self.expires_in_s = float(body.get("expires_in_s", 0.0))
+        return self
+
+    async def release(self) -> None:
+        if self.lease is None:
+            return
+        lease, self.lease = self.lease, None
+        await self.client._roundtrip(protocol.Release(lease), idempotent=True, cancellable=False)
+
+    async def __aenter__(self) -> ApiLease:
+        return await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+def _clean_name(name: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9_.:-]", "-", name).lstrip(".-")[:64] or "client"
+    return cleaned.replace("..", "-")
+
+
+def _local_addr() -> str:
+    """The local cluster's submit address from ~/.tangram/clusters/local/state.json."""
+    import json
+
+    path = os.path.join(os.path.expanduser("~"), ".tangram", "clusters", "local", "state.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            state = json.load(fh)
+    except (OSError, ValueError):
+        raise ClusterNotFound("no controller address: pass one, set TANGRAM_ADDR, or start `tangram up`") from None
+    addr = state.get("submit_addr") or (state.get("controller") or {}).get("submit_addr")
+    if not isinstance(addr, str):
+        raise ClusterNotFound(f"{path} names no submit address")
+    return addr

@@ -1,0 +1,252 @@
+"""The client's DEALER transport: one asyncio task owns the socket.
+
+- `request(msg, blobs)` sends a request with a fresh request id and returns a `Pending` whose
+  `accepted` future resolves on `Accepted` and whose `final` future resolves with the `Result`
+  envelope or fails with the typed error of the `Error` reply.
+- The routing identity is a random 16 bytes chosen once per transport, so a reconnect (libzmq
+  reconnects by itself) reaches the same client state on the controller.
+- Heartbeats: a `Heartbeat` after `heartbeat_s` without sending; the controller answers each.
+  Silence for 3 intervals marks the link down; when traffic returns, the transport says
+  `Hello` again and resends every pending request with its original id. The controller's reply
+  cache makes that safe (a resent request joins its action or replays its result). If the
+  controller restarted (another `controller_epoch`), pending requests that are not
+  idempotent fail with `NodeLost` instead of being run a second time.
+- Depends only on pyzmq, msgpack and tangram.protocol / tangram.errors.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from tangram import protocol
+from tangram.errors import ControllerUnreachable, NodeLost, ProtocolError, TangramError
+
+log = logging.getLogger("tangram.client")
+
+
+@dataclass
+class Pending:
+    request_id: int
+    frames: list[bytes]
+    idempotent: bool
+    accepted: asyncio.Future[None]
+    final: asyncio.Future[protocol.Envelope]
+    sent_at: float = field(default_factory=time.monotonic)
+
+
+class Transport:
+    def __init__(self, addr: str, name: str, *, heartbeat_s: float = 1.0, connect_timeout: float = 10.0) -> None:
+        self.addr = addr
+        self.name = name
+        self.heartbeat_s = heartbeat_s
+        self.connect_timeout = connect_timeout
+        self.identity = secrets.token_bytes(16)
+        self.epoch: int | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._out: asyncio.Queue[list[bytes]] = asyncio.Queue()
+        self._pending: dict[int, Pending] = {}
+        self._rid = int.from_bytes(secrets.token_bytes(4), "big") << 16  # distinct per transport
+        self._task: asyncio.Task[None] | None = None
+        self._welcome: asyncio.Future[protocol.Welcome] | None = None
+        self._hello_rid = 0
+        self._last_recv = time.monotonic()
+        self._last_sent = time.monotonic()
+        self._down = False
+        self._closed = False
+        self.pid = os.getpid()
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.identity)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)
+        sock.setsockopt(zmq.SNDHWM, 100000)
+        sock.setsockopt(zmq.RCVHWM, 100000)
+        try:
+            sock.connect(self.addr)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise ControllerUnreachable(f"bad controller address {self.addr!r}: {exc}") from None
+        self._sock = sock
+        self._task = asyncio.ensure_future(self._own())
+        self._welcome = asyncio.get_running_loop().create_future()
+        self._send_hello()
+        try:
+            welcome = await asyncio.wait_for(asyncio.shield(self._welcome), self.connect_timeout)
+        except asyncio.TimeoutError:
+            await self.close()
+            raise ControllerUnreachable(
+                f"no answer from the controller at {self.addr} within {self.connect_timeout:g}s") from None
+        except TangramError:
+            await self.close()
+            raise
+        self.epoch = welcome.controller_epoch
+        self.heartbeat_s = min(self.heartbeat_s, welcome.heartbeat_s)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for p in list(self._pending.values()):
+            for fut in (p.accepted, p.final):
+                if not fut.done():
+                    fut.set_exception(ControllerUnreachable("the client was closed"))
+                    fut.exception()
+        self._pending.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._sock is not None:
+            self._sock.close(0)
+        if self._ctx is not None:
+            self._ctx.term()
+
+    # ------------------------------------------------------------ requests
+    def _next_rid(self) -> int:
+        self._rid = (self._rid + 1) & ((1 << 63) - 1)
+        return self._rid
+
+    def request(self, msg: protocol.Message, blobs: Sequence[bytes] = (), *, idempotent: bool = False,
+                request_id: int | None = None) -> Pending:
+        """Queue `msg`; the returned Pending's futures carry the replies. Raises ProtocolError
+        (BadRequest-like) when the message would not decode on the controller."""
+        if self._closed:
+            raise ControllerUnreachable("the client is closed")
+        rid = self._next_rid() if request_id is None else request_id
+        frames = protocol.encode(msg, rid, blobs)
+        loop = asyncio.get_running_loop()
+        pending = Pending(rid, frames, idempotent, loop.create_future(), loop.create_future())
+        pending.accepted.add_done_callback(_retrieve)
+        self._pending[rid] = pending
+        self._out.put_nowait(frames)
+        return pending
+
+    def send_raw(self, msg: protocol.Message, request_id: int = 0) -> None:
+        """Fire and forget (Cancel, Heartbeat)."""
+        if not self._closed:
+            self._out.put_nowait(protocol.encode(msg, request_id))
+
+    def forget(self, request_id: int) -> None:
+        self._pending.pop(request_id, None)
+
+    def _send_hello(self) -> None:
+        self._hello_rid = self._next_rid()
+        self._out.put_nowait(protocol.encode(
+            protocol.Hello("client", self.name, protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR), self._hello_rid))
+
+    # ------------------------------------------------------------ the owner task
+    async def _own(self) -> None:
+        assert self._sock is not None
+        sock = self._sock
+        recv: asyncio.Future[list[bytes]] | None = None
+        get: asyncio.Future[list[bytes]] | None = None
+        try:
+            while True:
+                if recv is None:
+                    recv = asyncio.ensure_future(sock.recv_multipart())
+                if get is None:
+                    get = asyncio.ensure_future(self._out.get())
+                done, _ = await asyncio.wait({recv, get}, timeout=self.heartbeat_s / 2,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if get in done:
+                    frames = get.result()
+                    get = None
+                    await sock.send_multipart(frames)
+                    self._last_sent = time.monotonic()
+                    while not self._out.empty():
+                        await sock.send_multipart(self._out.get_nowait())
+                if recv in done:
+                    frames = recv.result()
+                    recv = None
+                    self._on_frames(frames)
+                self._tick()
+        finally:
+            for fut in (recv, get):
+                if fut is not None:
+                    fut.cancel()
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_sent >= self.heartbeat_s:
+            self._last_sent = now
+            self._out.put_nowait(protocol.encode(protocol.Heartbeat(), 0))
+        if not self._down and now - self._last_recv > 3 * self.heartbeat_s:
+            self._down = True
+            log.warning("controller %s silent for %.1fs", self.addr, now - self._last_recv)
+        if self._down and now - self._last_recv > 3 * self.heartbeat_s and now - self._last_sent >= 0:
+            pass  # libzmq keeps reconnecting; heartbeats above probe the link
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        self._last_recv = time.monotonic()
+        try:
+            env = protocol.decode(frames)
+        except ProtocolError as exc:
+            log.warning("undecodable reply from the controller dropped: %s", exc)
+            return
+        if self._down:
+            self._down = False
+            self._send_hello()  # re-register; pending requests are resent on Welcome
+        msg = env.msg
+        if isinstance(msg, protocol.Welcome):
+            self._on_welcome(msg)
+            return
+        if isinstance(msg, protocol.Reject):
+            if self._welcome is not None and not self._welcome.done():
+                from tangram.errors import VersionMismatch
+
+                self._welcome.set_exception(VersionMismatch(f"controller refused the client: {msg.reason}"))
+            return
+        if isinstance(msg, protocol.Heartbeat):
+            return
+        pending = self._pending.get(env.request_id)
+        if pending is None:
+            return
+        if isinstance(msg, protocol.Accepted):
+            if not pending.accepted.done():
+                pending.accepted.set_result(None)
+            return
+        self._pending.pop(env.request_id, None)
+        if not pending.accepted.done():
+            pending.accepted.set_result(None)
+        if pending.final.done():
+            return
+        if isinstance(msg, protocol.Error):
+            pending.final.set_exception(msg.to_exception())
+        else:
+            pending.final.set_result(env)
+
+    def _on_welcome(self, msg: protocol.Welcome) -> None:
+        if self._welcome is not None and not self._welcome.done():
+            self._welcome.set_result(msg)
+            return
+        restarted = self.epoch is not None and msg.controller_epoch != self.epoch
+        self.epoch = msg.controller_epoch
+        for rid, p in list(self._pending.items()):
+            if restarted and not p.idempotent:
+                self._pending.pop(rid, None)
+                if not p.final.done():
+                    p.final.set_exception(NodeLost(
+                        "the controller restarted; the request's outcome is unknown and it was not resent"))
+                    continue
+            self._out.put_nowait(p.frames)
+
+
+def _retrieve(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -1,0 +1,498 @@
+"""The agents ROUTER: handshake, liveness, command routing, matching agent replies.
+
+Rules (docs/protocol.md, "Controller <-> agent contract" and "Controller behaviour"):
+
+1. An agent's first message is `Hello(role="agent")`; the controller answers `Welcome` (new
+   `agent_epoch`) or `Reject` (other major, bad facts, a second live agent with that name
+   from another connection). A re-Hello of a live name on the same connection is a restart:
+   `NodeLost` then `NodeJoined`. Sandboxes the agent lists that the controller does not hold
+   on that node are destroyed.
+2. Any message counts as a heartbeat. Silent for 3 heartbeat intervals -> `NodeLost`; its
+   pending requests fail with `NodeLost` (the core already answered the actions).
+3. Every request carries a fresh id; the agent answers exactly once (`Result`/`Error`; `Ack`
+   for `Kill`). A reply to no pending request is dropped and counted (`stale_replies`).
+4. Per node, commands keep the core's order where it matters: a sandbox's `Spawn`, `PutFile`
+   and `GetFile` wait until its `CreateSandbox` (and the puts queued before placement) are
+   done; GPU `Evict`/`Load` run one after another, and an `Invoke` waits for those issued
+   before it.
+5. An agent's result becomes `ActionFinished` for the core; the client reply is sent when the
+   core answers with `Done` (so cores are free again before the client hears back).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from tangram import protocol
+from tangram.core import commands as cmd
+from tangram.core import events as ev
+from tangram.errors import NodeLost, ProtocolError, SandboxLost
+from tangram_cli.controller.config import ControllerConfig
+from tangram_cli.controller.state import ActionRecord, Outcome, Registry, encode_to, send_now
+
+log = logging.getLogger("tangram.controller.agents")
+
+Post = Callable[..., None]
+
+
+@dataclass
+class Agent:
+    name: str
+    ident: bytes
+    facts: dict[str, Any]
+    agent_epoch: int
+    joined: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=time.monotonic)
+    last_sent: float = field(default_factory=time.monotonic)
+    state: str = "up"  # up | lost | down (said Bye)
+    reason: str = ""
+    load: dict[str, Any] = field(default_factory=dict)
+    pending: dict[int, tuple[str, asyncio.Future[protocol.Envelope]]] = field(default_factory=dict)
+    gpu_tail: asyncio.Future[None] | None = None
+    restarts: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self.state == "up"
+
+
+def _ints(value: object, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 16
+                                              for v in value):
+        raise ValueError(f"facts.{where} must be a list of core numbers")
+    if len(set(value)) != len(value):
+        raise ValueError(f"facts.{where} repeats a core")
+    return tuple(value)
+
+
+def node_event(name: str, facts: dict[str, Any]) -> ev.NodeJoined:
+    """The core's NodeJoined for an agent's facts; raises ValueError naming a bad fact."""
+    cpus = _ints(facts.get("cpus", []), "cpus")
+    numa_raw = facts.get("numa") or []
+    if not isinstance(numa_raw, list):
+        raise ValueError("facts.numa must be a list of core lists")
+    numa = tuple(tuple(c for c in _ints(d, "numa[]") if c in cpus) for d in numa_raw)
+    numa = tuple(d for d in numa if d)
+    covered = {c for d in numa for c in d}
+    if set(cpus) - covered:
+        numa = (*numa, tuple(sorted(set(cpus) - covered)))
+    ints = {}
+    for key in ("mem_mib", "gpus", "gpu_mem_mib"):
+        v = facts.get(key, 0)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"facts.{key} must be an integer >= 0")
+        ints[key] = v
+    if ints["gpus"] > 64:
+        raise ValueError("facts.gpus above 64")
+    return ev.NodeJoined(name, cpus=cpus, numa=numa, mem_mib=ints["mem_mib"], gpus=ints["gpus"],
+                         gpu_mem_mib=ints["gpu_mem_mib"])
+
+
+class AgentLink:
+    def __init__(self, sock: zmq.asyncio.Socket, post: Post, registry: Registry, config: ControllerConfig,
+                 controller_epoch: int) -> None:
+        self.sock = sock
+        self.post = post  # Driver.post
+        self.registry = registry
+        self.config = config
+        self.epoch = controller_epoch
+        self.hb = config.heartbeat_s
+        self.agents: dict[str, Agent] = {}
+        self.by_ident: dict[bytes, str] = {}
+        self._rid = 0
+        self._epochs = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._byes: dict[str, asyncio.Future[None]] = {}
+        self.counters: dict[str, int] = {"stale_replies": 0, "bad_frames": 0, "rejected_hellos": 0}
+
+    # ------------------------------------------------------------ plumbing
+    def _next_rid(self) -> int:
+        self._rid += 1
+        return self._rid
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("agent task failed: %r", exc, exc_info=exc)
+
+    def _send(self, agent: Agent, msg: protocol.Message, rid: int = 0, blobs: tuple[bytes, ...] | list[bytes] = ()
+              ) -> bool:
+        ok = send_now(self.sock, encode_to(agent.ident, msg, rid, blobs))
+        agent.last_sent = time.monotonic()
+        return ok
+
+    def request(self, node: str, msg: protocol.Message, blobs: tuple[bytes, ...] | list[bytes] = ()
+                ) -> asyncio.Future[protocol.Envelope]:
+        """Send `msg` to `node`; the future resolves with the agent's reply envelope (Result or
+        Error) or fails with NodeLost."""
+        fut: asyncio.Future[protocol.Envelope] = asyncio.get_running_loop().create_future()
+        agent = self.agents.get(node)
+        if agent is None or not agent.live:
+            fut.set_exception(NodeLost(f"node {node} is not connected"))
+            return fut
+        rid = self._next_rid()
+        agent.pending[rid] = (msg.NAME, fut)
+        if not self._send(agent, msg, rid, blobs):
+            agent.pending.pop(rid, None)
+            fut.set_exception(NodeLost(f"node {node}: message could not be delivered"))
+        return fut
+
+    # ------------------------------------------------------------ receive
+    async def run(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            try:
+                self._on_frames(frames)
+            except Exception:  # noqa: BLE001 - one bad peer must not stop the link
+                log.exception("agent message handling failed")
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            self.counters["bad_frames"] += 1
+            return
+        ident = frames[0]
+        try:
+            env = protocol.decode(frames[1:])
+        except ProtocolError as exc:
+            self.counters["bad_frames"] += 1
+            log.warning("bad frames from agent %r: %s", ident[:64], exc)
+            send_now(self.sock, encode_to(ident, protocol.Error.from_exception(exc), 0))
+            return
+        msg = env.msg
+        if isinstance(msg, protocol.Hello):
+            self._on_hello(ident, env.request_id, msg)
+            return
+        name = self.by_ident.get(ident)
+        agent = self.agents.get(name) if name is not None else None
+        if agent is None or agent.ident != ident or not agent.live:
+            if not isinstance(msg, protocol.Heartbeat):
+                log.info("message %s from an unregistered agent %r dropped", msg.NAME, ident[:64])
+            return
+        agent.last_seen = time.monotonic()
+        if isinstance(msg, protocol.Heartbeat):
+            agent.load = dict(msg.load)
+        elif isinstance(msg, (protocol.Result, protocol.Error, protocol.Ack)):
+            self._on_reply(agent, env)
+        elif isinstance(msg, protocol.Bye):
+            fut = self._byes.get(agent.name)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+            self._lose(agent, f"agent said bye: {msg.reason}" if msg.reason else "agent said bye", state="down")
+        else:
+            log.info("unexpected %s from agent %s", msg.NAME, agent.name)
+
+    def _on_reply(self, agent: Agent, env: protocol.Envelope) -> None:
+        entry = agent.pending.get(env.request_id)
+        if entry is None:
+            self.counters["stale_replies"] += 1
+            return
+        kind, fut = entry
+        if isinstance(env.msg, protocol.Ack) and kind not in ("KILL", "SHUTDOWN"):
+            return  # a dispatch acknowledgement; the Result follows
+        agent.pending.pop(env.request_id, None)
+        if not fut.done():
+            fut.set_result(env)
+
+    def _on_hello(self, ident: bytes, rid: int, hello: protocol.Hello) -> None:
+        def reject(reason: str) -> None:
+            self.counters["rejected_hellos"] += 1
+            log.warning("agent %s rejected: %s", hello.name, reason)
+            send_now(self.sock, encode_to(ident, protocol.Reject(reason[: protocol.MAX_TEXT]), rid))
+
+        if (problem := protocol.version_problem(hello)) is not None:
+            return reject(problem)
+        if hello.role != "agent":
+            return reject(f"role {hello.role!r} on the agents socket: connect to the submit or status port")
+        try:
+            joined = node_event(hello.name, dict(hello.facts))
+        except ValueError as exc:
+            return reject(f"bad facts: {exc}")
+        old = self.agents.get(hello.name)
+        if old is not None and old.live:
+            if old.ident != ident:
+                return reject(f"an agent named {hello.name} is already connected")
+            old.restarts += 1
+            self._lose(old, "agent restarted")
+        self._epochs += 1
+        agent = Agent(hello.name, ident, dict(hello.facts), self._epochs,
+                      restarts=old.restarts if old is not None else 0)
+        if old is not None and old.ident != ident:
+            self.by_ident.pop(old.ident, None)
+        self.agents[hello.name] = agent
+        self.by_ident[ident] = hello.name
+        self._send(agent, protocol.Welcome(protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR, self.epoch,
+                                           agent.agent_epoch, self.hb), rid)
+        log.info("agent %s joined (epoch %d): %d cpus, %d gpus", hello.name, agent.agent_epoch, len(joined.cpus),
+                 joined.gpus)
+        self.post(joined)
+        for sandbox in hello.sandboxes:
+            rec = self.registry.sandboxes.get(sandbox)
+            if rec is None or rec.closed or rec.lost or rec.node != hello.name:
+                self.request(hello.name, protocol.DestroySandbox(sandbox))
+        if joined.gpus:
+            for svc in self.config.services:
+                self._spawn_task(self._prepare(hello.name, svc.name, svc.spec))
+
+    async def _prepare(self, node: str, service: str, spec: dict[str, Any]) -> None:
+        try:
+            env = await self.request(node, protocol.Prepare(service, spec))
+        except NodeLost:
+            return
+        if isinstance(env.msg, protocol.Error):
+            log.error("prepare of %s on %s failed: %s", service, node, env.msg.message)
+
+    # ------------------------------------------------------------ liveness
+    async def liveness(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.hb / 2, 0.5))
+            now = time.monotonic()
+            for agent in list(self.agents.values()):
+                if not agent.live:
+                    continue
+                if now - agent.last_seen > 3 * self.hb:
+                    self._lose(agent, f"no heartbeat for {now - agent.last_seen:.1f}s")
+                elif now - agent.last_sent >= self.hb:
+                    self._send(agent, protocol.Heartbeat())
+
+    def _lose(self, agent: Agent, reason: str, state: str = "lost") -> None:
+        if not agent.live:
+            return
+        agent.state, agent.reason = state, reason
+        log.warning("agent %s lost: %s", agent.name, reason)
+        for rec in self.registry.sandboxes.values():
+            if rec.node == agent.name and not rec.closed:
+                rec.lost = True
+        pending, agent.pending = agent.pending, {}
+        for _, fut in pending.values():
+            if not fut.done():
+                fut.set_exception(NodeLost(f"node {agent.name}: {reason}"))
+                fut.exception()  # retrieved: callers that stopped waiting do not warn
+        self.post(ev.NodeLost(agent.name, reason))
+
+    # ------------------------------------------------------------ commands from the core
+    def create_sandbox(self, c: cmd.CreateSandbox) -> None:
+        rec = self.registry.sandboxes.get(c.sandbox)
+        if rec is None:
+            return
+        rec.node = c.node
+        rec.ready = asyncio.get_running_loop().create_future()
+        rec.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._spawn_task(self._create(c, rec))
+
+    async def _create(self, c: cmd.CreateSandbox, rec: Any) -> None:
+        labels = {"tangram.cluster": self.config.cluster[:256], "tangram.sandbox": c.sandbox}
+        try:
+            env = await self.request(c.node, protocol.CreateSandbox(c.sandbox, c.image or rec.image, c.mem_mib, labels))
+            if isinstance(env.msg, protocol.Error):
+                raise SandboxLost(f"sandbox {c.sandbox} could not be created on {c.node}: {env.msg.message}")
+            puts, rec.pending_puts, rec.pending_bytes = rec.pending_puts, [], 0
+            for path, data in puts:
+                env = await self.request(c.node, protocol.PutFile(c.sandbox, path), [data])
+                if isinstance(env.msg, protocol.Error):
+                    log.warning("queued put %s into %s failed: %s", path, c.sandbox, env.msg.message)
+        except Exception as exc:  # noqa: BLE001
+            if not rec.ready.done():
+                rec.ready.set_exception(exc if isinstance(exc, (SandboxLost, NodeLost)) else SandboxLost(str(exc)))
+            return
+        if not rec.ready.done():
+            rec.ready.set_result(None)
+
+    def destroy_sandbox(self, c: cmd.DestroySandbox) -> None:
+        fut = self.request(c.node, protocol.DestroySandbox(c.sandbox))
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def kill(self, c: cmd.Kill) -> None:
+        rec = self.registry.actions.get(c.action_id)
+        if rec is not None and rec.kind == "call":
+            return  # calls end by their own timeout on the agent; nothing to kill
+        fut = self.request(c.node, protocol.Kill(c.action_id, 0, self.epoch))
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def spawn(self, c: cmd.Spawn, rec: ActionRecord) -> None:
+        self._spawn_task(self._spawn(c, rec))
+
+    async def _spawn(self, c: cmd.Spawn, rec: ActionRecord) -> None:
+        sb = self.registry.sandboxes.get(c.sandbox)
+        try:
+            if sb is not None and sb.ready is not None:
+                await asyncio.shield(sb.ready)
+            if rec.kill_reason:
+                raise asyncio.CancelledError  # killed before it was sent: nothing ran
+            agent = self.agents.get(c.node)
+            timeout_s = max(0.001, rec.deadline - time.monotonic())
+            msg = protocol.Spawn(c.action_id, c.sandbox, rec.cmd, list(c.cores), c.dop, rec.env, timeout_s,
+                                 1, self.epoch, agent.agent_epoch if agent else 0)
+            if sb is not None:
+                sb.busy += 1
+            try:
+                env = await self.request(c.node, msg, [rec.stdin] if rec.stdin is not None else [])
+            finally:
+                if sb is not None:
+                    sb.busy -= 1
+        except asyncio.CancelledError:
+            if not rec.kill_reason:
+                raise
+            rec.outcome = Outcome(body={"killed": True})
+            self.post(ev.ActionFinished(c.action_id, ok=False, reason=rec.kill_reason))
+            return
+        except NodeLost:
+            return  # the core already failed the action (NodeLost event)
+        except SandboxLost as exc:
+            rec.outcome = Outcome(error=protocol.Error.from_exception(exc))
+            self.post(ev.ActionFinished(c.action_id, ok=False, reason="sandbox lost"))
+            return
+        if isinstance(env.msg, protocol.Error):
+            rec.outcome = Outcome(error=env.msg)
+            self.post(ev.ActionFinished(c.action_id, ok=False, reason=env.msg.code))
+            return
+        assert isinstance(env.msg, protocol.Result)
+        body = dict(env.msg.body)
+        rec.outcome = Outcome(body=body, blobs=env.blobs)
+        ok = not (body.get("killed") or body.get("timed_out"))
+        self.post(ev.ActionFinished(c.action_id, ok=ok, reason=f"exit {body.get('exit_code')}"))
+
+    # ------------------------------------------------------------ GPU commands
+    def _chain(self, node: str, coro_fn: Callable[[], Any]) -> asyncio.Future[None]:
+        agent = self.agents.get(node)
+        prev = agent.gpu_tail if agent is not None else None
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def step() -> None:
+            try:
+                if prev is not None:
+                    await asyncio.shield(prev)
+                await coro_fn()
+            finally:
+                if not done.done():
+                    done.set_result(None)
+
+        self._spawn_task(step())
+        if agent is not None:
+            agent.gpu_tail = done
+        return done
+
+    def load(self, c: cmd.Load) -> asyncio.Future[None]:
+        failed: dict[str, str] = {}
+
+        async def run() -> None:
+            try:
+                env = await self.request(c.node, protocol.Load(c.service, list(range(c.start, c.end))))
+            except NodeLost:
+                failed["why"] = "node lost during load"
+                return
+            if isinstance(env.msg, protocol.Error):
+                failed["why"] = f"load of {c.service} failed: {env.msg.message}"
+                log.error("%s on %s", failed["why"], c.node)
+                self.post(ev.ServiceEvicted(c.node, c.service, c.start))
+
+        fut = self._chain(c.node, run)
+        fut.failed = failed  # type: ignore[attr-defined]
+        return fut
+
+    def evict(self, c: cmd.Evict) -> None:
+        async def run() -> None:
+            with contextlib.suppress(NodeLost):
+                env = await self.request(c.node, protocol.Evict(c.service, list(range(c.start, c.end))))
+                if isinstance(env.msg, protocol.Error):
+                    log.error("evict of %s on %s failed: %s", c.service, c.node, env.msg.message)
+
+        self._chain(c.node, run)
+
+    def invoke(self, c: cmd.Invoke, rec: ActionRecord, load: asyncio.Future[None] | None) -> None:
+        agent = self.agents.get(c.node)
+        before = agent.gpu_tail if agent is not None else None
+        self._spawn_task(self._invoke(c, rec, before, load))
+
+    async def _invoke(self, c: cmd.Invoke, rec: ActionRecord, before: asyncio.Future[None] | None,
+                      load: asyncio.Future[None] | None) -> None:
+        if before is not None:
+            await asyncio.shield(before)
+        failed = getattr(load, "failed", {}) if load is not None else {}
+        if failed.get("why"):
+            rec.outcome = Outcome(error=protocol.Error("INTERNAL", failed["why"], False))
+            self.post(ev.ActionFinished(c.action_id, ok=False, reason="load failed"))
+            return
+        agent = self.agents.get(c.node)
+        timeout_s = max(0.001, rec.deadline - time.monotonic())
+        msg = protocol.Invoke(c.action_id, c.service, list(range(c.start, c.end)), timeout_s, 1, self.epoch,
+                              agent.agent_epoch if agent else 0)
+        try:
+            env = await self.request(c.node, msg, [rec.payload])
+        except NodeLost:
+            return
+        if isinstance(env.msg, protocol.Error):
+            rec.outcome = Outcome(error=env.msg)
+            self.post(ev.ActionFinished(c.action_id, ok=False, reason=env.msg.code))
+            return
+        assert isinstance(env.msg, protocol.Result)
+        rec.outcome = Outcome(body=dict(env.msg.body), blobs=env.blobs)
+        self.post(ev.ActionFinished(c.action_id, ok=True))
+
+    # ------------------------------------------------------------ files
+    async def file_request(self, sandbox: str, msg: protocol.Message, blobs: list[bytes] = ()
+                           ) -> protocol.Envelope:  # type: ignore[assignment]
+        rec = self.registry.sandboxes[sandbox]
+        if rec.ready is not None:
+            await asyncio.shield(rec.ready)
+        return await self.request(rec.node, msg, blobs)
+
+    # ------------------------------------------------------------ shutdown
+    async def shutdown_agents(self, reason: str, timeout: float = 5.0) -> None:
+        waits = []
+        for agent in self.agents.values():
+            if agent.live:
+                fut = asyncio.get_running_loop().create_future()
+                self._byes[agent.name] = fut
+                self._send(agent, protocol.Shutdown(reason), self._next_rid())
+                waits.append(fut)
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
+
+    async def close(self) -> None:
+        from tangram_cli.controller.state import cancel_tasks
+
+        await cancel_tasks(self._tasks)
+
+    def rows(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        out = []
+        for a in sorted(self.agents.values(), key=lambda a: a.name):
+            f = a.facts
+            out.append({
+                "node": a.name,
+                "agent_state": a.state,
+                "heartbeat_age_s": round(now - a.last_seen, 3),
+                "connected_s": round(now - a.joined, 3),
+                "agent_epoch": a.agent_epoch,
+                "restarts": a.restarts,
+                "reason": a.reason,
+                "executor": str(f.get("executor", "")),
+                "docker": bool(f.get("docker", False)),
+                "cgroup": str(f.get("cgroup", "")),
+                "hostname": str(f.get("hostname", "")),
+                "pid": f.get("pid") if isinstance(f.get("pid"), int) else None,
+                "version": str(f.get("version", "")),
+                "numa": f.get("numa") if isinstance(f.get("numa"), list) else [],
+                "idle_cpus": f.get("idle_cpus") if isinstance(f.get("idle_cpus"), list) else [],
+                "gpu_uuids": f.get("gpu_uuids") if isinstance(f.get("gpu_uuids"), list) else [],
+                "inflight_requests": len(a.pending),
+            })
+        return out
+
+
+def new_epoch() -> int:
+    return secrets.randbits(62)

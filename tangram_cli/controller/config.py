@@ -1,0 +1,152 @@
+"""The controller's resolved configuration (`--config resolved.json`) and its defaults.
+
+The file is what `tangram up` writes after resolving an inventory; every key is optional:
+
+    {"cluster": "local",
+     "scheduler": {"depth": 2, "client_grace_s": 60, "max_timeout_s": 3600},
+     "services": [{"name": "reward", "runtime": "emulated", "model": "agent.gpu.demo_services:reward",
+                   "gpu_mem_mib": 16384, "chunk_sizes": [1, 2], "load_s": 2.0, "t_ori": 0.2,
+                   "host_mem_mib": 16384}],
+     "apis": [{"name": "search", "mode": "concurrency", "limit": 16, "period_s": 60}],
+     "profiles": {"pytest": {"efficiency": {"1": 1.0, "2": 0.97}}, "synthetic": {"serial_fraction": 0.05}}}
+
+Services become `ServiceDefined` events and `Prepare` messages to GPU agents (the whole service
+mapping is the Prepare `spec`); APIs become `ApiDefined` events; profiles name elasticity tables
+that `exec(elastic="pytest")` refers to.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tangram.core.actions import Elasticity
+from tangram.errors import ConfigError
+
+# Built-in profiles, always available (a config may override them by name).
+BUILTIN_PROFILES: dict[str, Elasticity] = {
+    "linear": Elasticity.of_table({1: 1.0, 64: 1.0}),
+    "pytest": Elasticity.of_table({1: 1.0, 2: 0.97, 4: 0.92, 8: 0.8, 16: 0.6}),
+    "synthetic": Elasticity.amdahl(0.05),
+}
+
+
+@dataclass(frozen=True)
+class ServiceConf:
+    name: str
+    gpu_mem_mib: int
+    chunk_sizes: tuple[int, ...] = (1,)
+    load_s: float = 0.0
+    t_ori: float | None = None
+    spec: dict[str, Any] = field(default_factory=dict)  # the whole mapping: sent as the Prepare spec
+
+
+@dataclass(frozen=True)
+class ApiConf:
+    name: str
+    mode: str
+    limit: int
+    period_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    cluster: str = "local"
+    depth: int = 2
+    client_grace_s: float = 60.0
+    max_timeout_s: float = 3600.0
+    heartbeat_s: float = 1.0
+    services: tuple[ServiceConf, ...] = ()
+    apis: tuple[ApiConf, ...] = ()
+    profiles: dict[str, Elasticity] = field(default_factory=lambda: dict(BUILTIN_PROFILES))
+
+    def service(self, name: str) -> ServiceConf | None:
+        return next((s for s in self.services if s.name == name), None)
+
+
+def _num(value: object, where: str, lo: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < lo:
+        raise ConfigError(f"{where}: expected a number >= {lo}, got {value!r}")
+    return float(value)
+
+
+def _int(value: object, where: str, lo: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ConfigError(f"{where}: expected an integer >= {lo}, got {value!r}")
+    return value
+
+
+def _profile(name: str, raw: object) -> Elasticity:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"profiles.{name}: expected a mapping")
+    if "serial_fraction" in raw:
+        el = Elasticity.amdahl(_num(raw["serial_fraction"], f"profiles.{name}.serial_fraction"))
+    else:
+        table = raw.get("efficiency")
+        if not isinstance(table, dict) or not table:
+            raise ConfigError(f"profiles.{name}: needs `efficiency` {{units: E}} or `serial_fraction`")
+        try:
+            el = Elasticity.of_table({int(k): float(v) for k, v in table.items()})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"profiles.{name}.efficiency: {exc}") from None
+    if (problem := el.problem()) is not None:
+        raise ConfigError(f"profiles.{name}: {problem}")
+    return el
+
+
+def parse_config(raw: dict[str, Any]) -> ControllerConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError("controller config: expected a JSON object")
+    sched = raw.get("scheduler") or {}
+    services = []
+    for i, s in enumerate(raw.get("services") or ()):
+        where = f"services[{i}]"
+        if not isinstance(s, dict) or not isinstance(s.get("name"), str):
+            raise ConfigError(f"{where}: expected a mapping with a `name`")
+        sizes = tuple(_int(c, f"{where}.chunk_sizes", 1) for c in s.get("chunk_sizes") or s.get("gpus") or (1,))
+        t_ori = s.get("t_ori")
+        services.append(ServiceConf(
+            name=s["name"],
+            gpu_mem_mib=_int(s.get("gpu_mem_mib", 0), f"{where}.gpu_mem_mib"),
+            chunk_sizes=sizes,
+            load_s=_num(s.get("load_s", 0.0), f"{where}.load_s"),
+            t_ori=None if t_ori is None else _num(t_ori, f"{where}.t_ori"),
+            spec=json.loads(json.dumps(s)),
+        ))
+    apis = []
+    for i, a in enumerate(raw.get("apis") or ()):
+        where = f"apis[{i}]"
+        if not isinstance(a, dict) or not isinstance(a.get("name"), str):
+            raise ConfigError(f"{where}: expected a mapping with a `name`")
+        mode = a.get("mode", "concurrency")
+        if mode not in ("concurrency", "quota"):
+            raise ConfigError(f"{where}.mode: expected concurrency or quota, got {mode!r}")
+        apis.append(ApiConf(a["name"], mode, _int(a.get("limit", 1), f"{where}.limit", 1),
+                            _num(a.get("period_s", 60.0), f"{where}.period_s")))
+    profiles = dict(BUILTIN_PROFILES)
+    for name, prof in (raw.get("profiles") or {}).items():
+        profiles[name] = _profile(name, prof)
+    return ControllerConfig(
+        cluster=str(raw.get("cluster", "local")),
+        depth=_int(sched.get("depth", 2), "scheduler.depth", 1),
+        client_grace_s=_num(sched.get("client_grace_s", 60.0), "scheduler.client_grace_s"),
+        max_timeout_s=_num(sched.get("max_timeout_s", 3600.0), "scheduler.max_timeout_s", 1.0),
+        heartbeat_s=_num(sched.get("heartbeat_s", 1.0), "scheduler.heartbeat_s", 0.01),
+        services=tuple(services),
+        apis=tuple(apis),
+        profiles=profiles,
+    )
+
+
+def load_config(path: str | None) -> ControllerConfig:
+    if not path:
+        return ControllerConfig()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read controller config {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    return parse_config(raw)

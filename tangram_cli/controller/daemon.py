@@ -1,0 +1,242 @@
+"""The controller process: three ROUTER sockets, the driver task, signals, orderly shutdown.
+
+`Controller` wires the pieces together and turns the core's commands into work:
+
+    agents ROUTER  <-> AgentLink (agents.py)  --+
+    submit ROUTER  <-> Gateway   (gateway.py) --+-- Driver.post(event) --> core.handle --> dispatch()
+    status ROUTER  <-> StatusServer (statusd.py) <- core.snapshot()
+
+`run_controller(options)` is the process entry used by `tangram controller`: it binds (port 0
+picks a free port), prints one JSON line `{"agents": P, "submit": P, "status": P, "pid": N,
+"bind": ADDR, "epoch": E}` on stdout and writes the same to `--ready-file`, then serves until
+SIGINT/SIGTERM (agents keep running; they reconnect to the next controller) or SIGUSR1 (the
+`tangram down` path: `Shutdown("down")` to every agent, which then removes its sandboxes).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from tangram.core import commands as cmd
+from tangram.core import events as ev
+from tangram.core.scheduler import CoreConfig, Scheduler
+from tangram_cli.controller.agents import AgentLink, new_epoch
+from tangram_cli.controller.config import ControllerConfig
+from tangram_cli.controller.driver import Driver, WallClock, open_journal
+from tangram_cli.controller.gateway import Gateway
+from tangram_cli.controller.state import Registry, cancel_tasks, check_loopback, make_router
+from tangram_cli.controller.statusd import StatusServer, build_records
+
+log = logging.getLogger("tangram.controller")
+
+
+@dataclass(frozen=True)
+class Options:
+    bind: str = "127.0.0.1"
+    agents_port: int = 0
+    submit_port: int = 0
+    status_port: int = 0
+    journal: str | None = None
+    ready_file: str | None = None
+    seed: int = 0
+
+
+class Controller:
+    def __init__(self, config: ControllerConfig | None = None, options: Options | None = None) -> None:
+        self.config = config or ControllerConfig()
+        self.options = options or Options()
+        check_loopback(self.options.bind)
+        self.epoch = new_epoch()
+        self.registry = Registry()
+        self.core = Scheduler(CoreConfig(depth=self.config.depth), seed=self.options.seed)
+        self.clock = WallClock()
+        self.started = time.monotonic()
+        self.journal = open_journal(self.options.journal, self.config.cluster)
+        self.driver = Driver(self.core, self.clock, self.journal, self.dispatch)
+        self.ctx = zmq.asyncio.Context()
+        o = self.options
+        self.agents_sock, self.agents_port = make_router(self.ctx, o.bind, o.agents_port)
+        self.submit_sock, self.submit_port = make_router(self.ctx, o.bind, o.submit_port)
+        self.status_sock, self.status_port = make_router(self.ctx, o.bind, o.status_port)
+        self.agents = AgentLink(self.agents_sock, self.driver.post, self.registry, self.config, self.epoch)
+        self.gateway = Gateway(self.submit_sock, self.driver.post, self.registry, self.agents, self.config,
+                               self.epoch)
+        self.status = StatusServer(self.status_sock, self._records)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopped = asyncio.Event()
+        self.down_requested = False
+        for svc in self.config.services:
+            self.driver.step(ev.ServiceDefined(svc.name, svc.gpu_mem_mib, svc.chunk_sizes, svc.load_s, svc.t_ori))
+        for api in self.config.apis:
+            self.driver.step(ev.ApiDefined(api.name, api.mode, api.limit, api.period_s))
+
+    # ------------------------------------------------------------ addresses
+    def _host(self) -> str:
+        return "127.0.0.1" if self.options.bind == "localhost" else self.options.bind
+
+    @property
+    def submit_addr(self) -> str:
+        return f"tcp://{self._host()}:{self.submit_port}"
+
+    @property
+    def agents_addr(self) -> str:
+        return f"tcp://{self._host()}:{self.agents_port}"
+
+    @property
+    def status_addr(self) -> str:
+        return f"tcp://{self._host()}:{self.status_port}"
+
+    def ready_info(self) -> dict[str, Any]:
+        return {"agents": self.agents_port, "submit": self.submit_port, "status": self.status_port,
+                "bind": self._host(), "pid": os.getpid(), "epoch": self.epoch, "cluster": self.config.cluster,
+                "submit_addr": self.submit_addr, "agents_addr": self.agents_addr, "status_addr": self.status_addr}
+
+    # ------------------------------------------------------------ dispatch (driver task only)
+    def dispatch(self, event: ev.Event, commands: list[cmd.Command]) -> None:
+        loads: dict[tuple[str, str, int], asyncio.Future[None]] = {}
+        dones: list[cmd.Done] = []
+        now = time.monotonic()
+        for c in commands:
+            if isinstance(c, cmd.CreateSandbox):
+                self.agents.create_sandbox(c)
+            elif isinstance(c, cmd.DestroySandbox):
+                self.agents.destroy_sandbox(c)
+            elif isinstance(c, cmd.Spawn):
+                rec = self.registry.actions.get(c.action_id)
+                if rec is None:
+                    continue
+                rec.started, rec.node, rec.cores, rec.dop = now, c.node, tuple(c.cores), c.dop
+                self.registry.record_wait(now - rec.submitted)
+                self.agents.spawn(c, rec)
+            elif isinstance(c, cmd.Reserve):
+                self.gateway.on_reserve(c)
+            elif isinstance(c, cmd.Evict):
+                self.agents.evict(c)
+            elif isinstance(c, cmd.Load):
+                loads[(c.node, c.service, c.start)] = self.agents.load(c)
+            elif isinstance(c, cmd.Invoke):
+                rec = self.registry.actions.get(c.action_id)
+                if rec is None:
+                    continue
+                load = loads.get((c.node, c.service, c.start))
+                rec.started, rec.node, rec.gpus = now, c.node, tuple(range(c.start, c.end))
+                rec.loaded = load is not None
+                self.registry.record_wait(now - rec.submitted)
+                self.agents.invoke(c, rec, load)
+            elif isinstance(c, cmd.Grant):
+                self.gateway.on_grant(c)
+            elif isinstance(c, cmd.Kill):
+                rec = self.registry.actions.get(c.action_id)
+                if rec is not None and not rec.kill_reason:
+                    rec.kill_reason = c.reason or "killed"
+                if rec is None or rec.kind == "exec":
+                    self.agents.kill(c)
+            elif isinstance(c, cmd.Reject):
+                self.gateway.on_reject(c)
+            elif isinstance(c, cmd.Done):
+                dones.append(c)
+        for d in dones:
+            self.gateway.on_done(d)
+
+    # ------------------------------------------------------------ status
+    def _records(self, sections: list[str], limit: int) -> dict[str, Any]:
+        counters = {**self.gateway.counters, **self.agents.counters}
+        return build_records(
+            self.core, sections=sections, limit=limit, cluster=self.config.cluster, epoch=self.epoch,
+            started=self.started,
+            addresses={"agents": self.agents_addr, "submit": self.submit_addr, "status": self.status_addr},
+            agent_rows=self.agents.rows(), client_rows=self.gateway.rows(),
+            sandboxes=list(self.registry.sandboxes.values()), actions=self.registry.actions, counters=counters,
+            wait_p50=self.registry.wait_p50(), loop_lag_s=round(self.driver.loop_lag_s, 6),
+            events=self.driver.handled, services_conf=list(self.config.services))
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        for coro in (self.driver.run(), self.agents.run(), self.agents.liveness(), self.gateway.run(),
+                     self.gateway.liveness(), self.status.run()):
+            task = asyncio.ensure_future(coro)
+            self._tasks.add(task)
+            task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("controller task died: %r", exc, exc_info=exc)
+            self._stopped.set()
+
+    def request_stop(self, down: bool = False) -> None:
+        self.down_requested = self.down_requested or down
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        if self.down_requested:
+            await self.agents.shutdown_agents("down")
+        await cancel_tasks(self._tasks)
+        await self.agents.close()
+        await self.gateway.close()
+        for sock in (self.agents_sock, self.submit_sock, self.status_sock):
+            sock.close(linger=0)
+        self.ctx.term()
+        self.journal.close()
+
+    async def __aenter__(self) -> Controller:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def write_ready(path: str, info: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(info, fh)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+async def serve(config: ControllerConfig, options: Options, *, print_ready: bool = True) -> int:
+    controller = Controller(config, options)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, controller.request_stop)
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+        loop.add_signal_handler(signal.SIGUSR1, lambda: controller.request_stop(down=True))
+    controller.start()
+    info = controller.ready_info()
+    if print_ready:
+        print(json.dumps(info), flush=True)
+    if options.ready_file:
+        write_ready(options.ready_file, info)
+    log.info("controller %s up: agents %s, submit %s, status %s", config.cluster, controller.agents_addr,
+             controller.submit_addr, controller.status_addr)
+    try:
+        await controller.wait_stopped()
+    finally:
+        await controller.stop()
+        if options.ready_file:
+            with contextlib.suppress(OSError):
+                os.unlink(options.ready_file)
+    return 0
+
+
+def run_controller(config: ControllerConfig, options: Options) -> int:
+    logging.basicConfig(level=os.environ.get("TANGRAM_LOG", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(serve(config, options))

@@ -1,0 +1,547 @@
+"""The submit ROUTER: client requests -> core events, core commands -> client replies.
+
+Rules (docs/protocol.md, "Controller behaviour"):
+
+1. Every request gets exactly one final reply (`Result` or `Error`) with its request id;
+   `Exec` and `Call` first get `Accepted` once the core has admitted them (a request the core
+   rejects at once, e.g. NO_CAPACITY, gets only the `Error`).
+2. Replies are cached per (client identity, request id): a resent request joins its pending
+   action (`Accepted` again) or gets the cached final reply; nothing runs twice. The cache is
+   bounded (LRU) and entries expire 5 minutes after their final reply.
+3. Bytes that do not decode get `Error(BAD_REQUEST)` (or `VERSION`); the gateway keeps
+   serving. Asks the core can never satisfy get `NO_CAPACITY` from the core's `Reject`.
+4. A client silent for `client_grace_s` gets `ClientGone`: its queued and running actions are
+   cancelled and its sandboxes and leases released. Clients ping with `Heartbeat`; the gateway
+   answers each one, so a client can tell a dead controller from a quiet one.
+5. A sandbox has no node before its first action. Puts before that are kept (at most 64 MiB
+   per sandbox) and written right after `CreateSandbox`; gets before that read them back.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from tangram import protocol
+from tangram.core import commands as cmd
+from tangram.core import events as ev
+from tangram.core.actions import ActionSpec, Elasticity, Kind
+from tangram.core.resources import CPU, GPU, Demand, api_resource
+from tangram.errors import BadRequest, InternalError, NodeLost, ProtocolError, SandboxLost, TangramError
+from tangram_cli.controller.agents import AgentLink
+from tangram_cli.controller.config import ControllerConfig
+from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord, encode_to, send_now
+
+log = logging.getLogger("tangram.controller.gateway")
+
+CACHE_MAX = 65536
+CACHE_TTL_S = 300.0
+MAX_PENDING_PUT_BYTES = 64 << 20
+KILL_CODES = {"timeout": "TIMEOUT"}
+
+
+@dataclass
+class ClientState:
+    ident: bytes
+    key: str  # the core's client id (identity hex)
+    name: str = ""
+    last_seen: float = field(default_factory=time.monotonic)
+    connected: float = field(default_factory=time.monotonic)
+    requests: int = 0
+
+
+@dataclass
+class CacheEntry:
+    kind: str
+    action_id: str = ""
+    final: list[bytes] | None = None
+    expires: float = 0.0
+
+
+class Gateway:
+    def __init__(self, sock: zmq.asyncio.Socket, post: Callable[..., None], registry: Registry,
+                 agents: AgentLink, config: ControllerConfig, controller_epoch: int) -> None:
+        self.sock = sock
+        self.post = post
+        self.registry = registry
+        self.agents = agents
+        self.config = config
+        self.epoch = controller_epoch
+        self.clients: dict[bytes, ClientState] = {}
+        self.cache: OrderedDict[tuple[bytes, int], CacheEntry] = OrderedDict()
+        self._seq = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.counters: dict[str, int] = {"bad_requests": 0, "replayed": 0, "joined": 0, "clients_gone": 0}
+
+    # ------------------------------------------------------------ helpers
+    def _new_id(self, prefix: str) -> str:
+        self._seq += 1
+        return f"{prefix}{self._seq}-{secrets.token_hex(3)}"
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _send(self, ident: bytes, msg: protocol.Message, rid: int, blobs: tuple[bytes, ...] | list[bytes] = ()) -> None:
+        try:
+            frames = encode_to(ident, msg, rid, blobs)
+        except ProtocolError as exc:  # e.g. a result too large for one message
+            log.error("reply to request %d does not encode: %s", rid, exc)
+            frames = encode_to(ident, protocol.Error("INTERNAL", f"reply does not encode: {exc}", False), rid)
+        send_now(self.sock, frames)
+
+    def final(self, ident: bytes, rid: int, msg: protocol.Message, blobs: tuple[bytes, ...] | list[bytes] = ()) -> None:
+        """Send the one final reply to (ident, rid) and cache it."""
+        try:
+            frames = protocol.encode(msg, rid, blobs)
+        except ProtocolError as exc:
+            log.error("reply to request %d does not encode: %s", rid, exc)
+            frames = protocol.encode(protocol.Error("INTERNAL", f"reply does not encode: {exc}", False), rid)
+        key = (ident, rid)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = CacheEntry("")
+            self._cache_put(key, entry)
+        entry.final = frames
+        entry.expires = time.monotonic() + CACHE_TTL_S
+        send_now(self.sock, [ident, *frames])
+
+    def fail(self, ident: bytes, rid: int, exc: BaseException) -> None:
+        self.final(ident, rid, protocol.Error.from_exception(exc))
+
+    def _cache_put(self, key: tuple[bytes, int], entry: CacheEntry) -> None:
+        self.cache[key] = entry
+        self.cache.move_to_end(key)
+        now = time.monotonic()
+        while len(self.cache) > CACHE_MAX:
+            self.cache.popitem(last=False)
+        # expire a few old finals per insert (amortised)
+        for _ in range(4):
+            if not self.cache:
+                break
+            k, e = next(iter(self.cache.items()))
+            if e.final is not None and e.expires < now:
+                self.cache.popitem(last=False)
+            else:
+                break
+
+    # ------------------------------------------------------------ receive
+    async def run(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            try:
+                self._on_frames(frames)
+            except Exception as exc:  # noqa: BLE001 - a bug answering one request must not stop the gateway
+                log.exception("request handling failed")
+                if len(frames) >= 4 and len(frames[3]) == 8:
+                    rid = int.from_bytes(frames[3], "big") & ((1 << 63) - 1)
+                    self.fail(frames[0], rid, InternalError(f"controller error ({type(exc).__name__})"))
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            return
+        ident = frames[0]
+        client = self.clients.get(ident)
+        if client is None:
+            client = self.clients[ident] = ClientState(ident, ident.hex())
+        client.last_seen = time.monotonic()
+        try:
+            env = protocol.decode(frames[1:])
+        except ProtocolError as exc:
+            self.counters["bad_requests"] += 1
+            rid = 0
+            if len(frames) >= 4 and len(frames[3]) == 8:
+                rid = int.from_bytes(frames[3], "big") & ((1 << 63) - 1)
+            log.info("bad request from %s: %s", client.key[:12], exc)
+            self._send(ident, protocol.Error.from_exception(exc), rid)
+            return
+        msg, rid = env.msg, env.request_id
+        if isinstance(msg, protocol.Heartbeat):
+            self._send(ident, protocol.Heartbeat(), 0)
+            return
+        if isinstance(msg, protocol.Hello):
+            problem = protocol.version_problem(msg)
+            if problem is not None or msg.role != "client":
+                reason = problem or f"role {msg.role!r} on the submit socket"
+                self._send(ident, protocol.Reject(reason), rid)
+                return
+            client.name = msg.name
+            self._send(ident, protocol.Welcome(protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR, self.epoch,
+                                               0, self.config.heartbeat_s), rid)
+            return
+        if isinstance(msg, (protocol.Bye, protocol.Ack, protocol.Accepted, protocol.Result, protocol.Error)):
+            return
+        key = (ident, rid)
+        entry = self.cache.get(key)
+        if entry is not None:
+            self.cache.move_to_end(key)
+            if entry.final is not None:
+                self.counters["replayed"] += 1
+                send_now(self.sock, [ident, *entry.final])
+            else:
+                self.counters["joined"] += 1
+                if entry.kind in ("exec", "call"):
+                    rec = self.registry.actions.get(entry.action_id)
+                    if rec is not None and rec.granted:
+                        self._send(ident, protocol.Accepted(), rid)
+            return
+        client.requests += 1
+        handler = _HANDLERS.get(type(msg))
+        if handler is None:
+            self.counters["bad_requests"] += 1
+            self._send(ident, protocol.Error("BAD_REQUEST", f"{msg.NAME} is not a request on the submit socket",
+                                             False), rid)
+            return
+        try:
+            handler(self, client, rid, msg, env.blobs)
+        except TangramError as exc:
+            self.counters["bad_requests"] += 1
+            self.fail(ident, rid, exc)
+
+    # ------------------------------------------------------------ requests
+    def _budget(self, budget_ms: int) -> float:
+        if budget_ms <= 0:
+            return self.config.max_timeout_s
+        return min(budget_ms / 1000.0, self.config.max_timeout_s)
+
+    def _own_sandbox(self, client: ClientState, sandbox: str) -> SandboxRecord:
+        rec = self.registry.sandboxes.get(sandbox)
+        if rec is None or rec.client != client.key:
+            raise BadRequest(f"unknown sandbox {sandbox!r}: open it first (sandboxes belong to one client)")
+        if rec.closed:
+            raise BadRequest(f"sandbox {sandbox} is closed")
+        if rec.lost:
+            raise SandboxLost(f"sandbox {sandbox} was lost with its node {rec.node}")
+        return rec
+
+    def _register(self, client: ClientState, rid: int, kind: str, action_id: str = "") -> None:
+        self._cache_put((client.ident, rid), CacheEntry(kind, action_id))
+
+    def _on_open(self, client: ClientState, rid: int, msg: protocol.SandboxOpen, blobs: tuple[bytes, ...]) -> None:
+        sandbox = self._new_id("sb-")
+        rec = SandboxRecord(sandbox, client.ident, client.key, msg.image, msg.mem_mib, msg.reserve)
+        self.registry.sandboxes[sandbox] = rec
+        self._register(client, rid, "open")
+        ident = client.ident
+        if msg.reserve > 0:
+            deadline = time.monotonic() + self._budget(int(msg.timeout_s * 1000))
+            self.registry.actions[f"open:{sandbox}"] = ActionRecord(
+                f"open:{sandbox}", "open", ident, rid, client.key, time.monotonic(), deadline, sandbox=sandbox)
+
+        def after(cmds: list[cmd.Command] | None) -> None:
+            if cmds is None:
+                self.fail(ident, rid, InternalError("the scheduler failed on this request"))
+            elif msg.reserve <= 0:
+                self.final(ident, rid, protocol.Result({"sandbox": sandbox}))
+
+        self.post(ev.SandboxOpened(sandbox, client.key, msg.mem_mib, msg.image, msg.reserve), after)
+
+    def _on_close(self, client: ClientState, rid: int, msg: protocol.SandboxClose, blobs: tuple[bytes, ...]) -> None:
+        rec = self.registry.sandboxes.get(msg.sandbox)
+        if rec is not None and rec.client != client.key:
+            raise BadRequest(f"unknown sandbox {msg.sandbox!r}")
+        self._register(client, rid, "close")
+        if rec is None or rec.closed:
+            self.final(client.ident, rid, protocol.Result({}))
+            return
+        rec.closed = True
+        rec.pending_puts.clear()
+        ident = client.ident
+        self.post(ev.SandboxClosed(msg.sandbox), lambda cmds: self.final(ident, rid, protocol.Result({})))
+
+    def _on_put(self, client: ClientState, rid: int, msg: protocol.Put, blobs: tuple[bytes, ...]) -> None:
+        rec = self._own_sandbox(client, msg.sandbox)
+        self._register(client, rid, "put")
+        data = blobs[0]
+        if not rec.node:
+            if rec.pending_bytes + len(data) > MAX_PENDING_PUT_BYTES:
+                raise BadRequest(f"more than {MAX_PENDING_PUT_BYTES >> 20} MiB put before the sandbox's first exec")
+            rec.pending_puts = [(p, d) for p, d in rec.pending_puts if p != msg.path]
+            rec.pending_puts.append((msg.path, data))
+            rec.pending_bytes = sum(len(d) for _, d in rec.pending_puts)
+            self.final(client.ident, rid, protocol.Result({"queued": True, "size": len(data)}))
+            return
+        self._spawn_task(self._file(client.ident, rid, msg.sandbox, protocol.PutFile(msg.sandbox, msg.path), [data]))
+
+    def _on_get(self, client: ClientState, rid: int, msg: protocol.Get, blobs: tuple[bytes, ...]) -> None:
+        rec = self._own_sandbox(client, msg.sandbox)
+        self._register(client, rid, "get")
+        if not rec.node:
+            for path, data in reversed(rec.pending_puts):
+                if path == msg.path:
+                    self.final(client.ident, rid, protocol.Result({"size": len(data)}), [data])
+                    return
+            raise BadRequest(f"{msg.path}: no such file (the sandbox has not run anything yet)")
+        self._spawn_task(self._file(client.ident, rid, msg.sandbox, protocol.GetFile(msg.sandbox, msg.path), []))
+
+    async def _file(self, ident: bytes, rid: int, sandbox: str, msg: protocol.Message, blobs: list[bytes]) -> None:
+        try:
+            env = await self.agents.file_request(sandbox, msg, blobs)
+        except NodeLost as exc:
+            self.fail(ident, rid, SandboxLost(f"sandbox {sandbox}: {exc}"))
+            return
+        except TangramError as exc:
+            self.fail(ident, rid, exc)
+            return
+        if isinstance(env.msg, protocol.Error):
+            self.final(ident, rid, env.msg)
+        else:
+            assert isinstance(env.msg, protocol.Result)
+            self.final(ident, rid, protocol.Result(dict(env.msg.body)), list(env.blobs[:1]))
+
+    def _elasticity(self, msg: protocol.Exec) -> Elasticity | None:
+        if msg.efficiency:
+            try:
+                el = Elasticity.of_table({int(k): float(v) for k, v in msg.efficiency.items()})
+            except ValueError as exc:
+                raise BadRequest(f"efficiency: {exc}") from None
+            if (problem := el.problem()) is not None:
+                raise BadRequest(f"efficiency: {problem}")
+            return el
+        if msg.elastic:
+            el2 = self.config.profiles.get(msg.elastic)
+            if el2 is None:
+                known = ", ".join(sorted(self.config.profiles))
+                raise BadRequest(f"unknown elasticity profile {msg.elastic!r} (known: {known})")
+            return el2
+        return None
+
+    def _submit(self, client: ClientState, rid: int, kind: str, spec: ActionSpec, rec: ActionRecord) -> None:
+        self.registry.actions[spec.action_id] = rec
+        self._register(client, rid, kind, spec.action_id)
+        ident, aid = client.ident, spec.action_id
+
+        def after(cmds: list[cmd.Command] | None) -> None:
+            if cmds is None:
+                self.fail(ident, rid, InternalError("the scheduler failed on this request"))
+                self.registry.actions.pop(aid, None)
+                return
+            if not rec.final_sent and kind in ("exec", "call"):
+                rec.granted = True
+                self._send(ident, protocol.Accepted(), rid)
+
+        self.post(ev.ActionSubmitted(spec), after)
+
+    def _on_exec(self, client: ClientState, rid: int, msg: protocol.Exec, blobs: tuple[bytes, ...]) -> None:
+        sb = self._own_sandbox(client, msg.sandbox)
+        el = self._elasticity(msg)
+        timeout = self._budget(msg.budget_ms)
+        aid = self._new_id("x")
+        argv0 = msg.cmd.strip().split(" ", 1)[0][:64] if msg.cmd.strip() else "sh"
+        spec = ActionSpec(
+            action_id=aid, kind=Kind.EXEC, demand=((CPU, Demand.range(msg.cpus_min, msg.cpus_max)),),
+            action_type=f"exec:{msg.elastic or ''}:{argv0}", client=client.key, sandbox=msg.sandbox,
+            trajectory=msg.sandbox, elasticity=el,
+            t_ori=msg.duration_hint_s if msg.duration_hint_s > 0 else None, timeout_s=timeout, mem_mib=sb.mem_mib,
+        )
+        now = time.monotonic()
+        rec = ActionRecord(aid, "exec", client.ident, rid, client.key, now, now + timeout, sandbox=msg.sandbox,
+                           cmd=msg.cmd, env=dict(msg.env), stdin=blobs[0] if blobs else None)
+        self._submit(client, rid, "exec", spec, rec)
+
+    def _on_call(self, client: ClientState, rid: int, msg: protocol.Call, blobs: tuple[bytes, ...]) -> None:
+        svc = self.config.service(msg.service)
+        if svc is None:
+            known = ", ".join(s.name for s in self.config.services) or "none"
+            raise BadRequest(f"unknown service {msg.service!r} (known: {known})")
+        timeout = self._budget(msg.budget_ms)
+        aid = self._new_id("c")
+        spec = ActionSpec(action_id=aid, kind=Kind.CALL, demand=((GPU, Demand.of([msg.gpus])),), key=GPU,
+                          action_type=f"call:{msg.service}", client=client.key, service=msg.service,
+                          timeout_s=timeout)
+        now = time.monotonic()
+        rec = ActionRecord(aid, "call", client.ident, rid, client.key, now, now + timeout, service=msg.service,
+                           payload=blobs[0])
+        self._submit(client, rid, "call", spec, rec)
+
+    def _on_lease(self, client: ClientState, rid: int, msg: protocol.Lease, blobs: tuple[bytes, ...]) -> None:
+        if not any(a.name == msg.api for a in self.config.apis):
+            known = ", ".join(a.name for a in self.config.apis) or "none"
+            raise BadRequest(f"unknown API {msg.api!r} (known: {known})")
+        timeout = self._budget(msg.budget_ms)
+        aid = self._new_id("l")
+        res = api_resource(msg.api)
+        spec = ActionSpec(action_id=aid, kind=Kind.LEASE, demand=((res, Demand.fixed(msg.units)),), key=res,
+                          action_type=f"lease:{msg.api}", client=client.key, api=msg.api, timeout_s=timeout)
+        now = time.monotonic()
+        rec = ActionRecord(aid, "lease", client.ident, rid, client.key, now, now + timeout, units=msg.units)
+        self._submit(client, rid, "lease", spec, rec)
+
+    def _on_release(self, client: ClientState, rid: int, msg: protocol.Release, blobs: tuple[bytes, ...]) -> None:
+        rec = self.registry.actions.get(msg.lease)
+        self._register(client, rid, "release")
+        if rec is None or rec.kind != "lease" or rec.client != client.key or not rec.granted or rec.release:
+            if rec is not None and rec.kind == "lease" and rec.client == client.key and not rec.granted:
+                rec.release = (client.ident, rid)  # released while still queued: cancel it
+                self.post(ev.ActionCancelled(msg.lease, "released before grant"))
+                return
+            self.final(client.ident, rid, protocol.Result({}))
+            return
+        rec.release = (client.ident, rid)
+        self.post(ev.ActionFinished(msg.lease, ok=True, reason="released"))
+
+    def _on_cancel(self, client: ClientState, rid: int, msg: protocol.Cancel, blobs: tuple[bytes, ...]) -> None:
+        self._register(client, rid, "cancel")
+        entry = self.cache.get((client.ident, msg.target_request_id))
+        if entry is not None and entry.final is None and entry.action_id:
+            rec = self.registry.actions.get(entry.action_id)
+            if rec is not None and not rec.final_sent:
+                self.post(ev.ActionCancelled(entry.action_id, "cancelled"))
+        self.final(client.ident, rid, protocol.Result({}))
+
+    # ------------------------------------------------------------ commands from the core
+    def on_grant(self, c: cmd.Grant) -> None:
+        rec = self.registry.actions.get(c.action_id)
+        if rec is None or rec.final_sent:
+            return
+        rec.granted, rec.final_sent, rec.started = True, True, time.monotonic()
+        self.registry.record_wait(rec.started - rec.submitted)
+        self.final(rec.ident, rec.request_id, protocol.Result({
+            "lease": c.action_id, "api": c.api, "units": rec.units,
+            "expires_in_s": round(max(0.0, rec.deadline - time.monotonic()), 3),
+            "queued_s": round(rec.started - rec.submitted, 6)}))
+
+    def on_reserve(self, c: cmd.Reserve) -> None:
+        rec = self.registry.actions.get(c.action_id)
+        if rec is None or rec.final_sent:
+            return
+        rec.final_sent = True
+        self.final(rec.ident, rec.request_id, protocol.Result({"sandbox": c.sandbox, "node": c.node,
+                                                                "cores": list(c.cores)}))
+
+    def on_reject(self, c: cmd.Reject) -> None:
+        rec = self.registry.actions.get(c.action_id)
+        if rec is None:
+            return
+        code = c.code
+        if rec.kind == "lease" and code == "TIMEOUT" and not rec.granted:
+            code = "QUOTA_EXCEEDED"
+        if rec.kind == "open":
+            sb = self.registry.sandboxes.get(rec.sandbox)
+            if sb is not None and not sb.closed:
+                sb.closed = True
+                self.post(ev.SandboxClosed(rec.sandbox))
+        if rec.release is not None:
+            ident, rid = rec.release
+            rec.release = None
+            self.final(ident, rid, protocol.Result({}))
+        if rec.final_sent:
+            self.registry.actions.pop(c.action_id, None)
+            return
+        rec.final_sent = True
+        detail = "\n".join(str(r) for r in c.reasons)
+        retryable = code in ("TIMEOUT", "QUOTA_EXCEEDED", "NODE_LOST", "RETRY_LATER")
+        self.final(rec.ident, rec.request_id, protocol.Error(code, c.message[:protocol.MAX_TEXT], retryable, detail))
+        self.registry.actions.pop(c.action_id, None)
+
+    def on_done(self, c: cmd.Done) -> None:
+        rec = self.registry.actions.pop(c.action_id, None)
+        if rec is None:
+            return
+        if rec.release is not None:
+            ident, rid = rec.release
+            self.final(ident, rid, protocol.Result({}))
+        if rec.final_sent:
+            return
+        rec.final_sent = True
+        now = time.monotonic()
+        out = rec.outcome
+        if rec.kill_reason and not (out is not None and out.error is None and out.body.get("exit_code") is not None
+                                    and not out.body.get("killed") and not out.body.get("timed_out")):
+            code = KILL_CODES.get(rec.kill_reason, "CANCELLED")
+            msg = "timed out: the action ran past its timeout and was killed" if code == "TIMEOUT" \
+                else f"cancelled ({rec.kill_reason})"
+            self.final(rec.ident, rec.request_id, protocol.Error(code, msg, code == "TIMEOUT"))
+            return
+        if out is None:
+            self.final(rec.ident, rec.request_id, protocol.Error("INTERNAL", f"action ended without a result "
+                                                                 f"({c.reason})", False))
+            return
+        if out.error is not None:
+            self.final(rec.ident, rec.request_id, out.error)
+            return
+        body = out.body
+        if rec.kind == "exec" and body.get("timed_out"):
+            self.final(rec.ident, rec.request_id, protocol.Error("TIMEOUT", "timed out on the node", True))
+            return
+        started = rec.started or rec.submitted
+        queued = max(0.0, started - rec.submitted)
+        run_s = float(body.get("run_s", 0.0) or 0.0)
+        total = now - rec.submitted
+        common = {"queued_s": round(queued, 6), "run_s": round(run_s, 6),
+                  "overhead_s": round(max(0.0, total - queued - run_s), 6), "node": rec.node,
+                  "action": rec.action_id}
+        if rec.kind == "exec":
+            result = {"exit_code": int(body.get("exit_code", -1)), "truncated": bool(body.get("truncated", False)),
+                      "cores": list(rec.cores), "dop": rec.dop, "setup_s": float(body.get("setup_s", 0.0) or 0.0),
+                      **common}
+            self.final(rec.ident, rec.request_id, protocol.Result(result), list(out.blobs[:2]))
+        else:
+            result = {"gpus": list(rec.gpus), "loaded": rec.loaded, **common}
+            self.final(rec.ident, rec.request_id, protocol.Result(result), list(out.blobs[:1]))
+
+    # ------------------------------------------------------------ liveness
+    async def liveness(self) -> None:
+        grace = self.config.client_grace_s
+        while True:
+            await asyncio.sleep(max(0.05, min(1.0, grace / 4)))
+            now = time.monotonic()
+            for ident, client in list(self.clients.items()):
+                if now - client.last_seen > grace:
+                    del self.clients[ident]
+                    self.counters["clients_gone"] += 1
+                    log.info("client %s (%s) silent for %.1fs: releasing its work", client.name, client.key[:12],
+                             now - client.last_seen)
+                    for rec in self.registry.sandboxes.values():
+                        if rec.client == client.key:
+                            rec.closed = True
+                            rec.pending_puts.clear()
+                    self.post(ev.ClientGone(client.key))
+            # expire old cache finals
+            while self.cache:
+                key, e = next(iter(self.cache.items()))
+                if e.final is not None and e.expires < now:
+                    self.cache.popitem(last=False)
+                else:
+                    break
+            for name, sb in list(self.registry.sandboxes.items()):
+                if sb.closed and sb.busy == 0 and now - sb.opened > 1.0:
+                    self.registry.sandboxes.pop(name, None)
+
+    async def close(self) -> None:
+        from tangram_cli.controller.state import cancel_tasks
+
+        await cancel_tasks(self._tasks)
+
+    def rows(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [{"client": c.key, "name": c.name, "silent_s": round(now - c.last_seen, 3),
+                 "connected_s": round(now - c.connected, 3), "requests": c.requests,
+                 "sandboxes": sum(1 for s in self.registry.sandboxes.values() if s.client == c.key and not s.closed)}
+                for c in sorted(self.clients.values(), key=lambda c: c.connected)]
+
+
+_HANDLERS: dict[type, Callable[..., None]] = {
+    protocol.SandboxOpen: Gateway._on_open,
+    protocol.SandboxClose: Gateway._on_close,
+    protocol.Put: Gateway._on_put,
+    protocol.Get: Gateway._on_get,
+    protocol.Exec: Gateway._on_exec,
+    protocol.Call: Gateway._on_call,
+    protocol.Lease: Gateway._on_lease,
+    protocol.Release: Gateway._on_release,
+    protocol.Cancel: Gateway._on_cancel,
+}
+
+__all__ = ["Gateway"]
+_ = contextlib

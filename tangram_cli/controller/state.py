@@ -1,0 +1,169 @@
+"""Controller-side records shared by the gateway (clients) and the agent link (nodes).
+
+The core decides; these records only remember what the driver needs to turn commands into
+messages and agent replies into client replies: who asked (client identity, request id),
+what to run (command, environment, payload), and what came back.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from tangram import protocol
+
+log = logging.getLogger("tangram.controller")
+
+
+@dataclass
+class Outcome:
+    """What an agent answered for one dispatch: a Result body + blobs, or an error."""
+
+    body: dict[str, Any] = field(default_factory=dict)
+    blobs: tuple[bytes, ...] = ()
+    error: protocol.Error | None = None
+
+
+@dataclass
+class ActionRecord:
+    action_id: str
+    kind: str  # exec | call | lease | open
+    ident: bytes  # the client's routing identity
+    request_id: int
+    client: str  # the core's client key (identity hex)
+    submitted: float  # time.monotonic()
+    deadline: float  # time.monotonic()
+    sandbox: str = ""
+    cmd: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    stdin: bytes | None = None
+    service: str = ""
+    payload: bytes = b""
+    units: int = 1
+    started: float | None = None
+    node: str = ""
+    cores: tuple[int, ...] = ()
+    dop: int = 0
+    gpus: tuple[int, ...] = ()
+    loaded: bool = False
+    kill_reason: str = ""
+    outcome: Outcome | None = None
+    final_sent: bool = False
+    granted: bool = False
+    release: tuple[bytes, int] | None = None  # (ident, request id) of a Release waiting for Done
+
+
+@dataclass
+class SandboxRecord:
+    sandbox: str
+    ident: bytes
+    client: str
+    image: str
+    mem_mib: int
+    reserve: int
+    opened: float = field(default_factory=time.monotonic)
+    node: str = ""
+    ready: asyncio.Future[None] | None = None  # set when CreateSandbox (and pending puts) finished
+    pending_puts: list[tuple[str, bytes]] = field(default_factory=list)
+    pending_bytes: int = 0
+    closed: bool = False
+    lost: bool = False
+    busy: int = 0  # actions running in it now
+
+
+class Registry:
+    """Actions and sandboxes by id; one instance per controller."""
+
+    def __init__(self) -> None:
+        self.actions: dict[str, ActionRecord] = {}
+        self.sandboxes: dict[str, SandboxRecord] = {}
+        self.waits: list[float] = []  # recent queueing delays (s), for the status p50
+
+    def record_wait(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        if len(self.waits) > 2048:
+            del self.waits[:1024]
+
+    def wait_p50(self) -> float | None:
+        if not self.waits:
+            return None
+        tail = sorted(self.waits[-1000:])
+        return tail[len(tail) // 2]
+
+
+# ---------------------------------------------------------------- sockets
+
+
+def check_loopback(bind: str) -> None:
+    """Plain TCP only on loopback (CURVE is later work)."""
+    host = bind.strip("[]")
+    if host == "localhost":
+        return
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"--bind must be an IP address, got {bind!r}") from None
+    if not addr.is_loopback:
+        raise ValueError(
+            f"refusing to bind {bind}: plain TCP is only allowed on loopback addresses "
+            "(CURVE security is not implemented yet); use --bind 127.0.0.1"
+        )
+
+
+def make_router(ctx: zmq.asyncio.Context, bind: str, port: int) -> tuple[zmq.asyncio.Socket, int]:
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    sock.setsockopt(zmq.SNDHWM, 10000)
+    sock.setsockopt(zmq.RCVHWM, 10000)
+    sock.setsockopt(zmq.SNDTIMEO, 0)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)
+    host = "127.0.0.1" if bind == "localhost" else bind
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+        sock.setsockopt(zmq.IPV6, 1)
+    if port:
+        sock.bind(f"tcp://{host}:{port}")
+        return sock, port
+    sock.bind(f"tcp://{host}:*")
+    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+    return sock, int(endpoint.rsplit(":", 1)[1])
+
+
+def send_now(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
+    """Send without waiting; False when the peer is unknown or its queue is full (counted, dropped)."""
+    try:
+        fut = sock.send_multipart(frames, flags=zmq.NOBLOCK)
+    except zmq.ZMQError as exc:
+        log.debug("send failed: %s", exc)
+        return False
+    if fut.done():
+        exc2 = fut.exception()
+        if exc2 is not None:
+            log.debug("send failed: %s", exc2)
+            return False
+        return True
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return True
+
+
+def encode_to(ident: bytes, msg: protocol.Message, request_id: int, blobs: tuple[bytes, ...] | list[bytes] = ()
+              ) -> list[bytes]:
+    return [ident, *protocol.encode(msg, request_id, blobs)]
+
+
+async def cancel_tasks(tasks: set[asyncio.Task[Any]]) -> None:
+    for t in list(tasks):
+        t.cancel()
+    for t in list(tasks):
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
