@@ -1,0 +1,217 @@
+"""The simulated cluster: node inventory, and the model that turns start commands into
+finish events at the right virtual time.
+
+Defaults are the paper's external pool (§6): 15 CPU nodes x 256 cores (2 NUMA domains),
+2.4 TB each; 5 GPU nodes x 8 GPUs with 3 TB host memory. Times and rates come from
+shared/design/anchors.md (each field says which row):
+
+* a command's action runs for ``T_ori / (E(m) m)`` with its *true* T_ori (noise is drawn
+  with the plan, so every policy sees the same work);
+* ``Invoke`` after a ``Load`` of the same chunk in the same command list first restores the
+  service: ``restore_t0_s + bytes per GPU / h2d_gb_s`` (anchors §1.2 "restore model");
+* ``CreateSandbox`` takes ``sandbox_create_s`` and each node creates at most
+  ``sandbox_create_per_s`` containers per second (anchors §1.1 docker rows);
+* ``Reserve`` (a Kubernetes pod) goes through one API-server queue at ``pod_api_per_s``
+  and is Ready ``pod_ready_s`` later (anchors §1.1 EKS and agent-sandbox rows), so pod
+  start latency grows with load;
+* ``Kill`` finishes the action at once with ``ok=False``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tangram.core import commands as cmd
+from tangram.core import events as ev
+from tangram.core.actions import Elasticity, duration
+from tangram.errors import ConfigError
+
+GIB = 1024
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    cpu_nodes: int = 15  # paper §6
+    cores_per_node: int = 256  # paper §6 (AMD, 2 sockets -> 2 NUMA domains: assumption)
+    numa_per_node: int = 2
+    cpu_mem_gib: float = 2235.0  # 2.4 TB = 2235 GiB (paper §6)
+    gpu_nodes: tuple[int, ...] = (8, 8, 8, 8, 8)  # GPUs per GPU node (paper §6)
+    gpu_mem_gib: float = 80.0  # Hopper H100 80 GB: assumption (the paper says "Hopper")
+    host_mem_gib: float = 2794.0  # 3 TB per GPU node (paper §6): parks every service
+    restore_t0_s: float = 0.15  # anchors §1.2 restore model: t0 = 0.1-0.2 s
+    h2d_gb_s: float = 50.0  # anchors §1.2: pinned H2D 53-57 GB/s; ServerlessLLM ~50 GB/s
+    sandbox_create_s: float = 0.5  # anchors §1.1: docker run, 8-core host, 0.5 s
+    sandbox_create_per_s: float = 8.0  # anchors §1.1: 500 containers in 60-75 s (~7-8/s)
+    pod_ready_s: float = 0.85  # anchors §1.1: EKS create -> Ready 0.8-0.9 s, image pre-pulled
+    pod_api_per_s: float = 70.0  # anchors §1.1: pod scheduling tops out near 70 pods/s
+    static_gpus: tuple[tuple[str, int], ...] = ()  # per-service override of static GPUs
+
+    @property
+    def total_cores(self) -> int:
+        return self.cpu_nodes * self.cores_per_node
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(self.gpu_nodes)
+
+    def with_gpus(self, total: int) -> ClusterSpec:
+        """The same cluster with ``total`` GPUs, packed into 8-GPU nodes."""
+        sizes = [8] * (total // 8) + ([total % 8] if total % 8 else [])
+        return replace(self, gpu_nodes=tuple(sizes))
+
+    def overridden(self, doc: dict[str, Any], where: str) -> ClusterSpec:
+        names = {f.name for f in fields(self)}
+        kw: dict[str, Any] = {}
+        for k, v in doc.items():
+            if k not in names:
+                raise ConfigError(f"{where}: unknown cluster field {k!r}",
+                                  hint=f"known fields: {', '.join(sorted(names))}")
+            if k == "gpu_nodes":
+                v = tuple(int(x) for x in v)
+            elif k == "static_gpus":
+                v = tuple(sorted((str(a), int(b)) for a, b in dict(v).items()))
+            elif isinstance(getattr(self, k), int):
+                v = int(v)
+            else:
+                v = float(v)
+            kw[k] = v
+        return replace(self, **kw)
+
+    def node_events(self) -> list[ev.NodeJoined]:
+        out = []
+        per = self.cores_per_node // max(1, self.numa_per_node)
+        cpus = tuple(range(self.cores_per_node))
+        numa = tuple(cpus[i:i + per] for i in range(0, self.cores_per_node, per))
+        for i in range(self.cpu_nodes):
+            out.append(ev.NodeJoined(f"cpu-{i:02d}", cpus=cpus, numa=numa, mem_mib=int(self.cpu_mem_gib * GIB)))
+        for i, g in enumerate(self.gpu_nodes):
+            out.append(ev.NodeJoined(f"gpu-{i:02d}", gpus=g, gpu_mem_mib=int(self.gpu_mem_gib * GIB)))
+        return out
+
+    def restore_s(self, model_gb: float, size: int) -> float:
+        return self.restore_t0_s + model_gb / max(1, size) / self.h2d_gb_s
+
+
+def load_cluster(path: str | Path | None) -> ClusterSpec:
+    if path is None:
+        return ClusterSpec()
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read cluster file {path}: {exc.strerror}", hint="check the --cluster path") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}", hint="fix the cluster file") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a mapping of cluster fields", hint="e.g. `cpu_nodes: 4`")
+    return ClusterSpec().overridden(doc, str(path))
+
+
+@dataclass(slots=True)
+class Truth:
+    """What the cluster knows about an action that the core only estimates."""
+
+    t_ori: float
+    elasticity: Elasticity | None
+    model_gb: float = 0.0  # CALL: the service's size, for restores
+
+
+@dataclass(slots=True)
+class Run:
+    """One started action, for the metrics."""
+
+    start: float  # when it really began (after sandbox creation / restore wait)
+    end: float
+    units: int
+    resource: str  # cpu | gpu | api
+    restore_s: float = 0.0
+    alloc: float = 0.0  # when the units were handed over (the start command)
+
+
+class ClusterModel:
+    def __init__(self, spec: ClusterSpec, truth: Callable[[str], Truth]) -> None:
+        self.spec = spec
+        self.truth = truth
+        self.ready: dict[str, float] = {}  # sandbox -> ready time
+        self._create_free: dict[str, float] = {}  # node -> container-create server free at
+        self._api_free = 0.0  # the Kubernetes API server
+        self.runs: dict[str, Run] = {}
+        self.pods: dict[str, tuple[float, int]] = {}  # sandbox -> (ready, cores) of a reservation
+        self.restores = 0
+
+    def apply(self, commands: Sequence[cmd.Command], now: float) -> list[tuple[float, ev.Event]]:
+        out: list[tuple[float, ev.Event]] = []
+        loaded: set[tuple[str, str, int]] = set()
+        for c in commands:
+            t = type(c)
+            if t is cmd.Spawn:
+                tr = self.truth(c.action_id)
+                start = max(now, self.ready.get(c.sandbox, now))
+                end = start + duration(tr.t_ori, tr.elasticity, c.dop)
+                self.runs[c.action_id] = Run(start, end, len(c.cores), "cpu", 0.0, now)
+                out.append((end, ev.ActionFinished(c.action_id)))
+            elif t is cmd.Invoke:
+                tr = self.truth(c.action_id)
+                size = c.end - c.start
+                restore = self.spec.restore_s(tr.model_gb, size) if (c.node, c.service, c.start) in loaded else 0.0
+                self.restores += restore > 0
+                end = now + restore + duration(tr.t_ori, tr.elasticity, size)
+                self.runs[c.action_id] = Run(now, end, size, "gpu", restore, now)
+                out.append((end, ev.ActionFinished(c.action_id)))
+            elif t is cmd.Load:
+                loaded.add((c.node, c.service, c.start))
+            elif t is cmd.Grant:
+                end = now + self.truth(c.action_id).t_ori
+                self.runs[c.action_id] = Run(now, end, 1, "api", 0.0, now)
+                out.append((end, ev.ActionFinished(c.action_id)))
+            elif t is cmd.CreateSandbox:
+                begin = max(now, self._create_free.get(c.node, 0.0))
+                self._create_free[c.node] = begin + 1.0 / self.spec.sandbox_create_per_s
+                self.ready[c.sandbox] = begin + self.spec.sandbox_create_s
+            elif t is cmd.Reserve:
+                begin = max(now, self._api_free)
+                self._api_free = begin + 1.0 / self.spec.pod_api_per_s
+                self.ready[c.sandbox] = begin + self.spec.pod_ready_s
+                self.pods[c.sandbox] = (now, len(c.cores))
+            elif t is cmd.Kill:
+                r = self.runs.get(c.action_id)
+                if r is not None:
+                    r.end = now
+                out.append((now, ev.ActionFinished(c.action_id, ok=False, reason=c.reason or "killed")))
+            elif t is cmd.DestroySandbox:
+                self.ready.pop(c.sandbox, None)
+        return out
+
+
+class ApiProvider:
+    """A third-party API as seen by clients that call it directly (the api-retry baseline):
+    over the limit, a call is refused (HTTP 429) instead of queued."""
+
+    def __init__(self, mode: str, limit: int, period_s: float) -> None:
+        self.mode, self.limit, self.period_s = mode, limit, period_s
+        self.in_flight = 0
+        self.window_start: float | None = None
+        self.used = 0
+
+    def try_call(self, now: float) -> bool:
+        if self.mode == "quota":
+            if self.window_start is not None and now >= self.window_start + self.period_s:
+                self.window_start += int((now - self.window_start) // self.period_s) * self.period_s
+                self.used = 0
+            if self.used >= self.limit:
+                return False
+            if self.window_start is None:
+                self.window_start = now
+            self.used += 1
+            return True
+        if self.in_flight >= self.limit:
+            return False
+        self.in_flight += 1
+        return True
+
+    def done(self) -> None:
+        if self.mode != "quota":
+            self.in_flight -= 1

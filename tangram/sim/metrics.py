@@ -1,0 +1,98 @@
+"""Figures from one simulation: ACT (mean, p50, p99), per-trajectory ACT breakdown
+(environment interaction vs reward), queueing share, step time, resource-seconds and
+utilisation, scheduler decision time.
+
+Definitions (docs/simulator.md):
+* ACT of an action = completion - submission (queueing + sandbox/pod wait + restore + run).
+* ``env_act_s`` / ``reward_act_s``: per trajectory, the summed ACT of its tool actions / of
+  its reward action, averaged over trajectories; ``total_act_s`` is their sum (Fig. 7).
+* queueing = the part of ACT before the action really ran (waiting for units, for its
+  sandbox or pod, or in API retries); ``queue_share`` = summed queueing / summed ACT.
+* step time = the rollout (first submission to last trajectory's end) + ``train_s``.
+* CPU: ``cpu_busy_core_s`` = cores x running time of every CPU action; ``cpu_held_core_s``
+  = cores held (a pod's cores for its whole life; else from the start command to the
+  end); utilisation = busy / (all cores x rollout time), efficiency = busy / held.
+* GPU: ``gpu_busy_s`` = GPUs x (restore + run); held = the same, or the static deployment's
+  GPUs x rollout time; ``restore_share`` = restore time / GPU busy time.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tangram.sim.engine import SimResult
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def summarize(r: SimResult) -> dict[str, Any]:
+    acts = [x.end - x.submit for x in r.records]
+    queue = [max(0.0, x.start - x.submit) for x in r.records]
+    per_traj: dict[str, list[float]] = {}
+    for x in r.records:
+        tid = x.aid.rsplit("/", 1)[0]
+        e = per_traj.setdefault(tid, [0.0, 0.0])
+        e[0 if x.category == "env" else 1] += x.end - x.submit
+    n = max(1, len(per_traj))
+    env = sum(v[0] for v in per_traj.values()) / n
+    rew = sum(v[1] for v in per_traj.values()) / n
+    rollout = sum(b - a for a, b in r.steps)
+    steps = max(1, len(r.steps))
+    out: dict[str, Any] = {
+        "policy": r.policy, "workload": r.workload, "batch": r.batch, "seed": r.seed,
+        "actions": len(r.records), "failed": sum(1 for x in r.records if not x.ok),
+        "mean_act_s": _mean(acts), "p50_act_s": _pct(acts, 0.5), "p99_act_s": _pct(acts, 0.99),
+        "env_act_s": env, "reward_act_s": rew, "total_act_s": env + rew,
+        "mean_env_act_s": _mean([a for a, x in zip(acts, r.records) if x.category == "env"]),
+        "mean_reward_act_s": _mean([a for a, x in zip(acts, r.records) if x.category == "reward"]),
+        "queue_share": sum(queue) / sum(acts) if sum(acts) > 0 else 0.0,
+        "rollout_s": rollout / steps, "step_time_s": rollout / steps + r.train_s,
+        "api_attempts": sum(x.attempts for x in r.records),
+    }
+    out.update(_resources(r, rollout))
+    d = list(r.decide_s)
+    out.update({"events": r.events, "wall_s": r.wall_s, "events_per_s": r.events / r.wall_s if r.wall_s else 0.0,
+                "decide_mean_us": _mean(d) * 1e6, "decide_p99_us": _pct(d, 0.99) * 1e6})
+    return out
+
+
+def _resources(r: SimResult, rollout: float) -> dict[str, Any]:
+    cpu_busy = cpu_held = gpu_busy = gpu_held = restore = 0.0
+    for aid, run in r.runs.items():
+        if run.resource == "cpu":
+            busy = run.units * max(0.0, run.end - run.start)
+            cpu_busy += busy
+            cpu_held += run.units * max(0.0, run.end - run.alloc)
+        elif run.resource == "gpu":
+            busy = run.units * max(0.0, run.end - run.start)
+            gpu_busy += busy
+            gpu_held += busy
+            restore += run.units * run.restore_s
+    if r.pods:
+        # a pod holds its cores from reservation to close; exec runs inside it
+        cpu_held = sum(k * (max(b, a) - a) for a, b, k in r.pods.values())
+        cpu_busy = sum(run.units * (run.end - run.start) for run in r.runs.values() if run.resource == "cpu")
+    if r.static_gpus:
+        gpu_held = r.static_gpus * rollout
+    cores, gpus = r.spec.total_cores, r.spec.total_gpus
+    return {
+        "cpu_busy_core_s": cpu_busy, "cpu_held_core_s": cpu_held,
+        "cpu_util": cpu_busy / (cores * rollout) if cores and rollout else 0.0,
+        "cpu_efficiency": cpu_busy / cpu_held if cpu_held else 0.0,
+        "gpu_busy_s": gpu_busy, "gpu_held_s": gpu_held,
+        "gpu_util": gpu_busy / (gpus * rollout) if gpus and rollout else 0.0,
+        "gpu_efficiency": gpu_busy / gpu_held if gpu_held else 0.0,
+        "restore_share": restore / gpu_busy if gpu_busy else 0.0,
+        "gpus": gpus, "cores": cores,
+    }
