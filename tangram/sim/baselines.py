@@ -45,6 +45,8 @@ class RetryPolicy:
     factor: float = 2.0
     cap_s: float = 30.0  # assumption
     error_s: float = 0.2  # assumption: a 429 answer takes one round trip
+    reissues: int = 5  # assumption: after the retries fail, the agent sees the error, generates
+    # again and re-issues the same call, at most this many times, before moving on
 
     def backoff(self, attempt: int, rng: Random) -> float:
         """Wait before retry ``attempt`` (1-based): capped exponential with equal jitter."""

@@ -50,6 +50,7 @@ class Traj:
     start: float
     idx: int = 0
     end: float = -1.0
+    again: int = 0  # re-issues of the current action after an API error (api-retry)
 
 
 @dataclass
@@ -201,7 +202,7 @@ class Engine:
     def _submit(self, tr: Traj) -> None:
         now = self.clock.now()
         plan = tr.plan.actions[tr.idx]
-        aid = f"{tr.plan.tid}/{tr.idx}"
+        aid = f"{tr.plan.tid}/{tr.idx}" + (f".{tr.again}" if tr.again else "")
         rec = ActRecord(aid, tr.plan.task, plan.category, plan.kind, now)
         self.records.append(rec)
         self.acts[aid] = (tr, plan, rec)
@@ -250,14 +251,20 @@ class Engine:
 
     def _complete(self, aid: str, ok: bool) -> None:
         now = self.clock.now()
-        tr, _, rec = self.acts.pop(aid)
+        tr, plan, rec = self.acts.pop(aid)
         rec.end, rec.ok = now, ok
         run = self.cluster.runs.get(aid)
         if run is not None:
             rec.start = run.start
         elif rec.start < 0:
             rec.start = now
+        if not ok and plan.kind == "api" and self.policy.api_direct and tr.again < self.policy.retry.reissues:
+            # the tool returned an API error: the agent generates again and re-issues the call
+            tr.again += 1
+            self.push(now + plan.think_s, WAKE, tr)
+            return
         tr.idx += 1
+        tr.again = 0
         if tr.idx < len(tr.plan.actions):
             self.push(now + tr.plan.actions[tr.idx].think_s, WAKE, tr)
         else:

@@ -1,0 +1,197 @@
+"""`tangram sim`: the discrete-event simulator around the real scheduling core.
+
+    tangram sim --workload coding --batch 2048 --policy tangram --policy k8s
+    tangram sim --experiment fig8-cpu --plot fig8cpu.png
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+ROWS = [
+    ("mean_act_s", "mean ACT (s)"), ("p50_act_s", "p50 ACT (s)"), ("p99_act_s", "p99 ACT (s)"),
+    ("env_act_s", "env interaction ACT / traj (s)"), ("reward_act_s", "reward ACT / traj (s)"),
+    ("total_act_s", "total ACT / traj (s)"), ("step_time_s", "step time (s)"), ("queue_share", "queueing share"),
+    ("failed", "failed actions"), ("cpu_busy_core_s", "CPU busy core-s"), ("cpu_held_core_s", "CPU held core-s"),
+    ("cpu_util", "CPU utilisation"), ("cpu_efficiency", "CPU busy / held"), ("gpu_busy_s", "GPU busy GPU-s"),
+    ("gpu_held_s", "GPU held GPU-s"), ("gpu_util", "GPU utilisation"), ("restore_share", "GPU restore share"),
+    ("events", "core events"), ("events_per_s", "events / s (wall)"),
+]
+RATIO_KEYS = {"mean_act_s", "p50_act_s", "p99_act_s", "env_act_s", "reward_act_s", "total_act_s", "step_time_s"}
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}"
+    return str(v)
+
+
+def _table(doc: dict[str, dict[str, Any]], title: str) -> Any:
+    from rich.table import Table
+
+    pols = list(doc)
+    table = Table(title=title)
+    table.add_column("metric")
+    for p in pols:
+        table.add_column(p, justify="right")
+    base = doc.get("tangram")
+    others = [p for p in pols if p != "tangram"] if base else []
+    for p in others:
+        table.add_column(f"{p} / tangram", justify="right")
+    for key, label in ROWS:
+        cells = [_fmt(doc[p].get(key, "")) for p in pols]
+        for p in others:
+            r = doc[p][key] / base[key] if key in RATIO_KEYS and base and base[key] else None
+            cells.append(f"{r:.2f}x" if r is not None else "")
+        table.add_row(label, *cells)
+    return table
+
+
+class _Bar:
+    """A rich progress bar on stderr (plain lines when stderr is not a terminal)."""
+
+    def __init__(self, quiet: bool) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.progress = None if quiet else Progress(TextColumn("{task.description}"), BarColumn(),
+                                                     TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                                                     console=self.console, transient=True)
+        self.task: Any = None
+        self._last = 0
+
+    def __enter__(self) -> _Bar:
+        if self.progress is not None:
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def start(self, label: str, total: int | None = None) -> None:
+        if self.progress is None:
+            return
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(label, total=total)
+        self._last = 0
+
+    def update(self, done: int, total: int) -> None:
+        if self.progress is not None and (done - self._last >= max(1, total // 100) or done == total):
+            self._last = done
+            self.progress.update(self.task, completed=done, total=total)
+
+
+@click.command("sim")
+@click.option("--workload", "-w", default="coding", show_default=True,
+              help="coding, deepsearch, mopd, mopd+search, or a workload .yaml file.")
+@click.option("--batch", "-b", type=click.IntRange(min=1), default=None, help="Trajectories per step [default: 256].")
+@click.option("--policy", "-p", "policies", multiple=True,
+              help="tangram[:DEPTH], k8s[:CORES], static, serverless, fixed-dop:K, api-retry; join with '+'. "
+                   "Repeatable [default: tangram and the workload's paper baseline].")
+@click.option("--steps", type=click.IntRange(min=1), default=1, show_default=True, help="RL steps to simulate.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), default=None,
+              help="YAML file overriding cluster fields (see docs/simulator.md).")
+@click.option("--experiment", "-e", type=click.Choice(["fig6", "fig7", "fig8-cpu", "fig8-gpu", "fig9", "table1"]),
+              default=None, help="Regenerate one of the paper's results instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG plot (needs matplotlib).")
+@click.option("--journal", "journal_dir", type=click.Path(file_okay=False), default=None,
+              help="Write each policy's journal to DIR/<workload>-<policy>.jsonl.")
+def command(workload: str, batch: int | None, policies: tuple[str, ...], steps: int, seed: int,
+            cluster_file: str | None, experiment: str | None, as_json: bool, plot: str | None,
+            journal_dir: str | None) -> None:
+    """Simulate workloads under several policies in virtual time, with the real core."""
+    from tangram.sim.cluster import load_cluster
+
+    spec = load_cluster(cluster_file) if cluster_file else None
+    if plot:
+        from tangram.sim.plots import _plt
+
+        _plt()  # fail before a long run if matplotlib is missing
+    if experiment:
+        _experiment(experiment, seed, spec, batch, as_json, plot)
+        return
+    _runs(workload, batch or 256, policies, steps, seed, spec, as_json, plot, journal_dir)
+
+
+def _runs(workload: str, batch: int, policies: tuple[str, ...], steps: int, seed: int, spec: Any, as_json: bool,
+          plot: str | None, journal_dir: str | None) -> None:
+    from tangram.journal import Journal
+    from tangram.sim import workloads
+    from tangram.sim.baselines import parse_policy
+    from tangram.sim.engine import Engine
+    from tangram.sim.experiments import BASELINE
+    from tangram.sim.metrics import summarize
+
+    wl = workloads.load(workload)
+    names = list(dict.fromkeys(policies or ("tangram", BASELINE.get(wl.name, "k8s"))))
+    parsed = [parse_policy(p) for p in names]  # all errors before any run
+    doc: dict[str, dict[str, Any]] = {}
+    with _Bar(quiet=False) as bar:
+        for name, pol in zip(names, parsed):
+            bar.start(f"{wl.name} x{batch} {name}", batch * steps)
+            journal = None
+            if journal_dir:
+                Path(journal_dir).mkdir(parents=True, exist_ok=True)
+                safe = name.replace(":", "_").replace("+", "_")
+                journal = Journal.to_path(Path(journal_dir) / f"{wl.name.replace('+', '_')}-{safe}.jsonl",
+                                          source="sim", workload=wl.name, policy=name, batch=batch, seed=seed)
+            try:
+                r = Engine(wl, pol, spec=spec, batch=batch, seed=seed, steps=steps, journal=journal,
+                           progress=bar.update).run()
+            finally:
+                if journal is not None:
+                    journal.close()
+            doc[name] = summarize(r)
+    if plot:
+        from tangram.sim.plots import plot_runs
+
+        plot_runs(doc, plot, f"{wl.name}, batch {batch}, seed {seed} (simulated)")
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+
+    Console().print(_table(doc, f"{wl.name}: batch {batch}, {steps} step(s), seed {seed} (simulated)"))
+
+
+def _experiment(name: str, seed: int, spec: Any, batch: int | None, as_json: bool, plot: str | None) -> None:
+    from tangram.sim.experiments import run_experiment
+
+    with _Bar(quiet=False) as bar:
+        def note(label: str) -> None:
+            bar.start(label)
+            if bar.progress is None or not sys.stderr.isatty():
+                click.echo(label, err=True)
+
+        doc = run_experiment(name, seed, spec, note, batch)
+    if plot:
+        from tangram.sim.plots import plot_experiment
+
+        plot_experiment(doc, plot)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    rows = doc["rows"]
+    t = Table(title=f"{name} (simulated, seed {seed})")
+    for col in ("workload", "batch", "policy", "gpus", "mean_act_s", "p99_act_s", "env_act_s", "reward_act_s",
+                "step_time_s", "failed", "decide_mean_us"):
+        t.add_column(col, justify="right" if col not in ("workload", "policy") else "left")
+    for r in rows + doc.get("gpu_sweep", []):
+        t.add_row(*[_fmt(r.get(c, "")) for c in ("workload", "batch", "policy", "gpus", "mean_act_s", "p99_act_s",
+                                                   "env_act_s", "reward_act_s", "step_time_s", "failed",
+                                                   "decide_mean_us")])
+    console.print(t)
+    console.print_json(json.dumps({"paper": doc["paper"], "ours": doc["ours"]}))
