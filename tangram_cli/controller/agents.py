@@ -244,8 +244,8 @@ class AgentLink:
             if rec is None or rec.closed or rec.lost or rec.node != hello.name:
                 self.request(hello.name, protocol.DestroySandbox(sandbox))
         if joined.gpus:
-            for svc in self.config.services:
-                self._spawn_task(self._prepare(hello.name, svc.name, svc.spec))
+            for svc in self.config.services:  # in the GPU lane: loads wait for the host copies
+                self._chain(hello.name, lambda s=svc: self._prepare(hello.name, s.name, s.spec))
 
     async def _prepare(self, node: str, service: str, spec: dict[str, Any]) -> None:
         try:
@@ -254,6 +254,8 @@ class AgentLink:
             return
         if isinstance(env.msg, protocol.Error):
             log.error("prepare of %s on %s failed: %s", service, node, env.msg.message)
+        else:
+            log.info("service %s prepared on %s", service, node)
 
     # ------------------------------------------------------------ liveness
     async def liveness(self) -> None:

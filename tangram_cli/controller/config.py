@@ -10,8 +10,8 @@ The file is what `tangram up` writes after resolving an inventory; every key is 
      "apis": [{"name": "search", "mode": "concurrency", "limit": 16, "period_s": 60}],
      "profiles": {"pytest": {"efficiency": {"1": 1.0, "2": 0.97}}, "synthetic": {"serial_fraction": 0.05}}}
 
-Services become `ServiceDefined` events and `Prepare` messages to GPU agents (the whole service
-mapping is the Prepare `spec`); APIs become `ApiDefined` events; profiles name elasticity tables
+Services become `ServiceDefined` events and `Prepare` messages to GPU agents (the Prepare
+`spec` is the service mapping's `PREPARE_KEYS`; scheduling keys stay on the controller); APIs become `ApiDefined` events; profiles name elasticity tables
 that `exec(elastic="pytest")` refers to.
 """
 from __future__ import annotations
@@ -32,6 +32,10 @@ BUILTIN_PROFILES: dict[str, Elasticity] = {
 }
 
 
+# The keys of a service mapping the agent's Prepare accepts (agent.gpu.base.ServiceSpec.from_dict).
+PREPARE_KEYS = ("name", "runtime", "model", "gpu_mem_mib", "host_mem_mib", "weight_bytes", "options")
+
+
 @dataclass(frozen=True)
 class ServiceConf:
     name: str
@@ -39,7 +43,7 @@ class ServiceConf:
     chunk_sizes: tuple[int, ...] = (1,)
     load_s: float = 0.0
     t_ori: float | None = None
-    spec: dict[str, Any] = field(default_factory=dict)  # the whole mapping: sent as the Prepare spec
+    spec: dict[str, Any] = field(default_factory=dict)  # the PREPARE_KEYS of the mapping: the Prepare spec
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def parse_config(raw: dict[str, Any]) -> ControllerConfig:
             chunk_sizes=sizes,
             load_s=_num(s.get("load_s", 0.0), f"{where}.load_s"),
             t_ori=None if t_ori is None else _num(t_ori, f"{where}.t_ori"),
-            spec=json.loads(json.dumps(s)),
+            spec={k: v for k, v in json.loads(json.dumps(s)).items() if k in PREPARE_KEYS},
         ))
     apis = []
     for i, a in enumerate(raw.get("apis") or ()):
