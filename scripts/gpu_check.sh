@@ -7,9 +7,10 @@ set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO" || exit 1
-if [[ -n "${OUT:-}" ]]; then
+if [[ -n "${OUT:-}" && -z "${GPU_CHECK_LOGGING:-}" ]]; then
   mkdir -p "$OUT"
-  exec > >(tee "$OUT/gpu_check.log") 2>&1
+  GPU_CHECK_LOGGING=1 bash "${BASH_SOURCE[0]}" "$@" 2>&1 | tee "$OUT/gpu_check.log"
+  exit "${PIPESTATUS[0]}"
 fi
 PY="${PYTHON:-python3}"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -24,6 +24,7 @@ Import this module only where torch exists (``agent.gpu.runtimes`` does it lazil
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
 import os
@@ -121,7 +122,7 @@ class TorchRuntime:
         device = self._device_for(gpus[0])
         try:
             module, seconds = await asyncio.to_thread(self._load_sync, device)
-        except torch.OutOfMemoryError as exc:
+        except torch.cuda.OutOfMemoryError as exc:
             raise GpuOutOfMemory(f"service {self.spec.name}: CUDA out of memory on {device}: {exc}",
                                  gpu=gpus[0].index) from exc
         self._placed[key] = (module, device)
@@ -129,14 +130,15 @@ class TorchRuntime:
 
     def _load_sync(self, device: torch.device) -> tuple[torch.nn.Module, float]:
         assert self._skeleton is not None, "not prepared"
-        t0 = time.perf_counter()
-        module = copy.deepcopy(self._skeleton).to_empty(device=device)
-        with torch.no_grad():
+        guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+        with guard, torch.no_grad():
+            t0 = time.perf_counter()
+            module = copy.deepcopy(self._skeleton).to_empty(device=device)
             for name, t in _named_tensors(module):
                 t.copy_(self._host[name], non_blocking=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return module, time.perf_counter() - t0
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return module, time.perf_counter() - t0
 
     async def evict(self, gpus: Sequence[GpuInfo]) -> None:
         placed = self._placed.pop(_key(gpus), None)
@@ -205,8 +207,9 @@ def cuda_ordinal(gpu: GpuInfo) -> int:
 
 
 def _free_cuda(device: torch.device) -> None:
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
+    with torch.cuda.device(device):
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
 
 
 def _first_dtype(module: torch.nn.Module) -> torch.dtype:
