@@ -1,0 +1,127 @@
+"""`tangram status [INVENTORY] [-c NAME] [--watch [SECS]] [-o table|wide|json]`.
+
+Reads the controller's status socket (``StatusReq`` -> ``Status.records``) and renders a header
+line and NODES / SERVICES / APIS / QUEUE tables (tangram_cli/render/status.py). Exit 4 with a
+hint when no cluster is recorded or its controller does not answer.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import UTC, datetime
+
+import click
+
+from tangram.errors import ControllerUnreachable
+from tangram_cli import state as st
+from tangram_cli.render import status as rs
+
+
+def _target(inventory: str | None, cluster: str | None) -> st.ClusterState:
+    name = cluster
+    if name is None and inventory:
+        from tangram_cli.bootstrap import remote
+
+        name = remote.cluster_name(inventory)
+    return st.find(name)
+
+
+def _fetch(state: st.ClusterState, limit: int) -> dict:
+    try:
+        return st.query_status(state.status_address, limit=limit, timeout_s=3.0)
+    except ControllerUnreachable as exc:
+        raise ControllerUnreachable(
+            f"cluster {state.name}: the controller at {state.status_address} does not answer ({exc})",
+            hint=f"check {st.logs_dir(state.name) / 'controller.log'}; `tangram down -c {state.name}` "
+            "then `tangram up` restarts it",
+        ) from None
+
+
+@click.command("status")
+@click.argument("inventory", required=False)
+@click.option("-c", "--cluster", metavar="NAME", help="Cluster name (default: the running one, else local).")
+@click.option(
+    "-w",
+    "--watch",
+    "watch",
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    type=click.FloatRange(0.2, 3600),
+    metavar="[SECS]",
+    help="Redraw every SECS seconds (2 without a value).",
+)
+@click.option(
+    "-o", "--output", type=click.Choice(["table", "wide", "json"]), default="table", show_default=True
+)
+@click.option("--json", "as_json", is_flag=True, help="Same as -o json.")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Every section, including unknown ones.")
+@click.option("-R", "--unhealthy", is_flag=True, help="Only nodes that are not healthy.")
+@click.option("--nodes", "only", flag_value="nodes", help="Only the NODES table.")
+@click.option("--services", "only", flag_value="services", help="Only the SERVICES table.")
+@click.option("--apis", "only", flag_value="apis", help="Only the APIS table.")
+@click.option("--queue", "only", flag_value="queue", help="Only the QUEUE table.")
+@click.option(
+    "--limit", default=20, show_default=True, type=click.IntRange(0, 10_000), help="Queue rows to fetch."
+)
+def command(
+    inventory: str | None,
+    cluster: str | None,
+    watch: float | None,
+    output: str,
+    as_json: bool,
+    show_all: bool,
+    unhealthy: bool,
+    only: str | None,
+    limit: int,
+) -> None:
+    """Show nodes, services, APIs and the queue of a running cluster."""
+    if as_json:
+        output = "json"
+    state = _target(inventory, cluster)
+    sections = (only,) if only else rs.KNOWN_SECTIONS
+    wide = output == "wide" or show_all
+
+    def draw() -> object:
+        records = _fetch(state, limit)
+        return rs.renderable(records, state, wide=wide, unhealthy_only=unhealthy, sections=sections)
+
+    if output == "json":
+        if watch is None:
+            click.echo(json.dumps(rs.to_json(_fetch(state, limit), state), sort_keys=True, default=str))
+            return
+        try:
+            while True:
+                click.echo(json.dumps(rs.to_json(_fetch(state, limit), state), sort_keys=True, default=str))
+                sys.stdout.flush()
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            return
+
+    from rich.console import Console
+
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=False, width=250)
+    if watch is None:
+        console.print(draw())
+        return
+    try:
+        if console.is_terminal:
+            from rich.live import Live
+
+            with Live(draw(), console=console, refresh_per_second=4, screen=False) as live:
+                while True:
+                    time.sleep(watch)
+                    live.update(draw())
+        else:
+            while True:
+                stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                console.print(f"--- {stamp}")
+                console.print(draw())
+                sys.stdout.flush()
+                time.sleep(watch)
+    except KeyboardInterrupt:
+        return

@@ -1,0 +1,401 @@
+"""`tangram status` rendering: header, NODES / SERVICES / APIS / QUEUE tables (architecture.md section 8).
+
+The controller's ``Status.records`` maps a section name to rows (dicts). The row schema belongs to
+the controller (docs/protocol.md), so every reader here is defensive: a missing key renders as
+``-``, an unknown section is shown only with ``-o wide``, and aliases (``node``/``name``) are tried.
+Identical nodes collapse into one row named by a hostlist range (``cpu-[01-03]``), as sinfo does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from tangram_cli.hostlist import compress
+
+KNOWN_SECTIONS = ("nodes", "services", "apis", "queue")
+DOWN = ("down", "unreach", "lost", "gone", "dead")
+
+
+# ---------------------------------------------------------------- readers
+
+
+def rows(records: Mapping[str, Any] | None, section: str) -> list[dict[str, Any]]:
+    """The rows of a section, whatever shape it came in (list, {"rows": [...]}, {name: row})."""
+    if not records:
+        return []
+    raw = records.get(section)
+    if isinstance(raw, dict) and isinstance(raw.get("rows"), list):
+        raw = raw["rows"]
+    if isinstance(raw, dict):
+        out = []
+        for k, v in raw.items():
+            if isinstance(v, dict):
+                out.append({"name": k, **v})
+        return out
+    if isinstance(raw, list):
+        return [r for r in raw if isinstance(r, dict)]
+    return []
+
+
+def first(row: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if k in row and row[k] is not None:
+            return row[k]
+    return default
+
+
+def node_name(row: Mapping[str, Any]) -> str:
+    return str(first(row, "node", "name", "host", default="?"))
+
+
+def node_state(row: Mapping[str, Any]) -> str:
+    """sinfo words: idle, mix, alloc, drain, down, boot, unreach (``*``: no heartbeat)."""
+    s = first(row, "state", "status")
+    if isinstance(s, str) and s:
+        return s.lower()
+    alive = first(row, "alive", "healthy", "registered")
+    if alive is False:
+        return "down*"
+    used, total = _num(first(row, "cpus_used", "cpus_alloc")), _num(first(row, "cpus_total"))
+    gb, gt = _num(first(row, "gpus_busy")), _num(first(row, "gpus_total"))
+    if used is None and gb is None:
+        return "up"
+    busy = (used or 0) + (gb or 0)
+    cap = (total or 0) + (gt or 0)
+    if busy == 0:
+        return "idle"
+    return "alloc" if busy >= cap else "mix"
+
+
+def healthy(row: Mapping[str, Any]) -> bool:
+    agent = row.get("agent_state")
+    if isinstance(agent, str) and agent != "up":
+        return False
+    s = node_state(row)
+    return not s.endswith("*") and not s.startswith(DOWN)
+
+
+def _num(v: Any) -> float | None:
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _frac(a: Any, b: Any, unit: str = "") -> str:
+    if _num(a) is None and _num(b) is None:
+        return "-"
+    fa = "-" if _num(a) is None else _short(a)
+    fb = "-" if _num(b) is None else _short(b)
+    return f"{fa}/{fb}{unit}"
+
+
+def _short(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:.1f}"
+
+
+def mib(v: Any) -> str:
+    n = _num(v)
+    if n is None:
+        return "-"
+    if n >= 1024:
+        g = n / 1024
+        return f"{g:.0f}GiB" if g >= 10 or g.is_integer() else f"{g:.1f}GiB"
+    return f"{n:.0f}MiB"
+
+
+def seconds(v: Any) -> str:
+    n = _num(v)
+    if n is None:
+        return "-"
+    if n < 1:
+        return f"{n * 1000:.0f}ms"
+    if n < 60:
+        return f"{n:.1f}s"
+    return duration(n)
+
+
+def duration(s: float) -> str:
+    s = int(max(0, s))
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    if d:
+        return f"{d}d{h}h"
+    if h:
+        return f"{h}h{m:02d}m"
+    if m:
+        return f"{m}m{sec:02d}s"
+    return f"{sec}s"
+
+
+def _listish(v: Any) -> str:
+    if v is None or v == [] or v == "":
+        return "-"
+    if isinstance(v, list | tuple):
+        return ",".join(str(x) for x in v)
+    return str(v)
+
+
+# ---------------------------------------------------------------- columns
+
+Col = tuple[str, Callable[[Mapping[str, Any]], str]]
+
+
+def _gpu_mem(r: Mapping[str, Any]) -> str:
+    used = first(r, "gpu_mem_used_mib")
+    total = first(r, "gpu_mem_total_mib")
+    if isinstance(used, list):
+        used = sum(x for x in used if _num(x) is not None)
+    if isinstance(total, list):
+        total = sum(x for x in total if _num(x) is not None)
+    if total is None:
+        per = _num(first(r, "gpu_mem_mib"))
+        n = _num(first(r, "gpus_total"))
+        total = per * n if per is not None and n else None
+    if not first(r, "gpus_total"):
+        return "-"
+    if total is None:
+        return mib(used) if used is not None else "-"
+    return f"{mib(used) if used is not None else '-'}/{mib(total)}"
+
+
+NODE_COLS: list[Col] = [
+    ("ROLE", lambda r: str(first(r, "role", default="-"))),
+    ("STATE", node_state),
+    ("CPUS(a/t)", lambda r: _frac(first(r, "cpus_used", "cpus_alloc"), first(r, "cpus_total"))),
+    (
+        "MEM(r/t)",
+        lambda r: (
+            "-"
+            if first(r, "mem_total_mib") is None
+            else f"{mib(first(r, 'mem_reserved_mib', default=0))}/{mib(first(r, 'mem_total_mib'))}"
+        ),
+    ),
+    (
+        "GPUS(b/t)",
+        lambda r: "-" if not first(r, "gpus_total") else _frac(first(r, "gpus_busy"), first(r, "gpus_total")),
+    ),
+    ("GPU MEM(u/t)", _gpu_mem),
+    (
+        "SANDBOXES(busy/open)",
+        lambda r: (
+            _frac(first(r, "sandboxes_busy", "busy"), first(r, "sandboxes", "open"))
+            if first(r, "sandboxes_busy", "busy") is not None
+            else _listish(first(r, "sandboxes"))
+        ),
+    ),
+    ("RESIDENT", lambda r: _listish(first(r, "resident"))),
+    ("HEARTBEAT", lambda r: seconds(first(r, "heartbeat_age_s", "heartbeat_s", "last_seen_s"))),
+    ("REASON", lambda r: str(first(r, "reason", default="-") or "-")),
+]
+NODE_WIDE: list[Col] = [
+    ("ADDRESS", lambda r: str(first(r, "address", "hostname", default="-"))),
+    ("VERSION", lambda r: str(first(r, "version", default="-"))),
+    ("EXECUTOR", lambda r: str(first(r, "executor", default="-"))),
+    ("NUMA", lambda r: _listish(first(r, "numa"))),
+    ("GPU UUIDS", lambda r: _listish(first(r, "gpu_uuids"))),
+]
+SERVICE_COLS: list[Col] = [
+    ("SERVICE", lambda r: str(first(r, "service", "name", default="?"))),
+    ("RUNTIME", lambda r: str(first(r, "runtime", default="-"))),
+    ("CHUNK", lambda r: _listish(first(r, "chunk_sizes", "chunk"))),
+    ("STATE", lambda r: str(first(r, "state", default="-"))),
+    ("RESIDENT", lambda r: _listish(first(r, "resident"))),
+    ("INFLIGHT", lambda r: _listish(first(r, "in_flight", "inflight"))),
+    ("QUEUE", lambda r: _listish(first(r, "queued", "queue"))),
+    ("LOAD", lambda r: seconds(first(r, "load_s"))),
+    (
+        "P50/P99",
+        lambda r: (
+            f"{seconds(first(r, 'p50_s'))}/{seconds(first(r, 'p99_s'))}"
+            if first(r, "p50_s") is not None
+            else "-"
+        ),
+    ),
+]
+API_COLS: list[Col] = [
+    ("API", lambda r: str(first(r, "api", "name", default="?"))),
+    ("MODE", lambda r: str(first(r, "mode", default="-"))),
+    (
+        "INFLIGHT(u/l)",
+        lambda r: (
+            _frac(first(r, "in_flight", "inflight"), first(r, "limit"))
+            if first(r, "mode") != "quota"
+            else _listish(first(r, "in_flight", "inflight"))
+        ),
+    ),
+    (
+        "USED/PERIOD",
+        lambda r: (
+            (
+                f"{_listish(first(r, 'used'))}/{_listish(first(r, 'limit'))}"
+                f" per {seconds(first(r, 'period_s'))}"
+            )
+            if first(r, "mode") == "quota"
+            else _listish(first(r, "used"))
+        ),
+    ),
+    ("QUEUE", lambda r: _listish(first(r, "queued", "queue"))),
+    ("REJECTED(5m)", lambda r: _listish(first(r, "rejected", "rejected_5m"))),
+]
+QUEUE_COLS: list[Col] = [
+    ("ACTION", lambda r: str(first(r, "action_id", "action", "id", default="?"))),
+    ("CLIENT", lambda r: str(first(r, "client", default="-"))),
+    ("SANDBOX", lambda r: str(first(r, "sandbox", "pool", default="-"))),
+    ("KIND", lambda r: str(first(r, "kind", default="-"))),
+    ("ST", lambda r: _st(first(r, "st", "state", "status", default="PD"))),
+    ("WAIT", lambda r: seconds(first(r, "waited_s", "wait_s"))),
+    ("DEMAND", lambda r: str(first(r, "demand", default="-"))),
+    ("NODE(REASON)", lambda r: str(first(r, "node", "reason", default="-"))),
+]
+
+
+def _st(v: Any) -> str:
+    s = str(v)
+    return "PD" if s in ("pending", "waiting") or s.startswith(("unschedulable", "admitted")) else s[:12]
+
+
+# ---------------------------------------------------------------- summary
+
+
+def summary(
+    records: Mapping[str, Any], state: Any | None = None, *, now: float | None = None
+) -> dict[str, Any]:
+    """The header values as data (also part of ``-o json``)."""
+    now = time.time() if now is None else now
+    meta: dict[str, Any] = {}
+    for key in ("header", "controller", "cluster"):
+        if isinstance(records.get(key), dict):
+            meta.update(records[key])
+    nodes = rows(records, "nodes")
+    queue = rows(records, "queue")
+    uptime = _num(first(meta, "uptime_s"))
+    if uptime is None and state is not None and getattr(state, "started_at", 0):
+        uptime = now - state.started_at
+    qlen = _num(first(meta, "queue", "queued", "queue_len")) if meta else None
+    if qlen is None:
+        qlen = _num(records.get("queued"))
+    if qlen is None:
+        qlen = len(queue)
+    p50 = _num(first(meta, "wait_p50_s", "p50_wait_s"))
+    if p50 is None:
+        p50 = _num(records.get("wait_p50_s"))
+    if p50 is None:
+        waits = sorted(w for r in queue if (w := _num(first(r, "waited_s", "wait_s"))) is not None)
+        p50 = waits[len(waits) // 2] if waits else None
+    proto = first(meta, "proto", "protocol")
+    if proto is None:
+        from tangram import protocol
+
+        proto = f"{protocol.PROTOCOL_MAJOR}.{protocol.PROTOCOL_MINOR}"
+    return {
+        "cluster": getattr(state, "name", None) or first(meta, "name", "cluster", default="?"),
+        "controller": getattr(state, "address", None) or first(meta, "address", default="?"),
+        "uptime_s": uptime,
+        "agents_healthy": sum(1 for r in nodes if healthy(r)),
+        "agents_total": len(nodes),
+        "queue": int(qlen),
+        "wait_p50_s": p50,
+        "proto": str(proto),
+    }
+
+
+def header_line(s: Mapping[str, Any]) -> str:
+    up = duration(s["uptime_s"]) if s.get("uptime_s") is not None else "-"
+    p50 = f" (p50 wait {seconds(s['wait_p50_s'])})" if s.get("wait_p50_s") is not None else ""
+    return (
+        f"cluster {s['cluster']}  controller {s['controller']}  up {up}  "
+        f"agents {s['agents_healthy']}/{s['agents_total']}  queue {s['queue']}{p50}  proto {s['proto']}"
+    )
+
+
+# ---------------------------------------------------------------- tables
+
+
+def collapse_nodes(nodes: Iterable[Mapping[str, Any]], cols: list[Col]) -> list[list[str]]:
+    """One row per distinct set of cells; the NODE cell is the hostlist of the names sharing it."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for r in nodes:
+        cells = tuple(fn(r) for _, fn in cols)
+        groups.setdefault(cells, []).append(node_name(r))
+    return [[compress(names), *cells] for cells, names in groups.items()]
+
+
+def tables(
+    records: Mapping[str, Any],
+    *,
+    wide: bool = False,
+    unhealthy_only: bool = False,
+    sections: Iterable[str] = KNOWN_SECTIONS,
+) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, headers, rows) for every non-empty section, in display order."""
+    out = []
+    want = set(sections)
+    if "nodes" in want:
+        nodes = rows(records, "nodes")
+        if unhealthy_only:
+            nodes = [r for r in nodes if not healthy(r)]
+        cols = NODE_COLS + (NODE_WIDE if wide else [])
+        if nodes:
+            out.append(("NODES", ["NODE", *[c[0] for c in cols]], collapse_nodes(nodes, cols)))
+    for name, cols in (("services", SERVICE_COLS), ("apis", API_COLS), ("queue", QUEUE_COLS)):
+        if name not in want:
+            continue
+        rs_ = rows(records, name)
+        if rs_:
+            out.append((name.upper(), [c[0] for c in cols], [[fn(r) for _, fn in cols] for r in rs_]))
+    if wide:
+        for name in sorted(records):
+            if name in KNOWN_SECTIONS or name in ("controller", "header", "cluster"):
+                continue
+            rs_ = rows(records, name)
+            if rs_:
+                keys = sorted({k for r in rs_ for k in r})
+                out.append(
+                    (
+                        name.upper(),
+                        [k.upper() for k in keys],
+                        [[_listish(r.get(k)) for k in keys] for r in rs_],
+                    )
+                )
+    return out
+
+
+def drop_empty_columns(headers: list[str], body: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """Leave out columns (other than the first) that read ``-`` in every row."""
+    keep = [i for i in range(len(headers)) if i == 0 or any(r[i] not in ("-", "", "-/-") for r in body)]
+    return [headers[i] for i in keep], [[r[i] for i in keep] for r in body]
+
+
+def renderable(
+    records: Mapping[str, Any],
+    state: Any | None = None,
+    *,
+    wide: bool = False,
+    unhealthy_only: bool = False,
+    sections: Iterable[str] = KNOWN_SECTIONS,
+) -> Any:
+    """A rich renderable: the header line then each non-empty table."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = [Text(header_line(summary(records, state)), style="bold")]
+    for title, headers, body in tables(records, wide=wide, unhealthy_only=unhealthy_only, sections=sections):
+        headers, body = drop_empty_columns(headers, body)
+        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title=None, header_style="bold")
+        for h in headers:
+            t.add_column(h, no_wrap=True)
+        for r in body:
+            t.add_row(*r)
+        parts.append(t)
+        del title
+    if len(parts) == 1:
+        parts.append(Text("no nodes registered yet", style="dim"))
+    return Group(*parts)
+
+
+def to_json(records: Mapping[str, Any], state: Any | None = None) -> dict[str, Any]:
+    """``-o json``: the summary plus the controller's records as they came."""
+    return {**summary(records, state), "records": dict(records)}
