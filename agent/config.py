@@ -1,0 +1,245 @@
+"""Agent configuration: one dataclass, loaded from JSON (``--config agent.json``) and/or flags.
+
+Stdlib only (the agent bundle carries no click or pydantic). Every check raises
+``tangram.errors.ConfigError`` naming the field and what to write instead; ``from_dict`` reports all
+unknown keys at once.
+
+Defaults that depend on the machine (``cpus``, ``idle_cpus``, ``mem_mib``) are left ``None`` here
+and resolved against the probed facts by ``resolve`` (see ``agent.link.build_agent``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import math
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from tangram.errors import ConfigError
+
+HOSTROOT_IMAGE = "tangram/hostroot:1"
+EXECUTORS = ("auto", "docker", "process")
+DOCKER_MODES = ("auto", "fastpath", "docker")
+_ADDR_RE = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
+_NAME_RE = re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$")  # protocol ID_PATTERN
+_CLUSTER_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")  # becomes part of container names
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|[KMGT])?\s*$", re.IGNORECASE)
+_SIZE_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def parse_mib(value: Any, what: str = "size") -> int:
+    """``"16GiB"`` -> 16384, ``"512MiB"`` -> 512, ``2048`` (an int: MiB) -> 2048."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a size such as '16GiB', got {value!r}")
+    if isinstance(value, int):
+        mib = value
+    else:
+        m = _SIZE_RE.match(str(value))
+        if not m:
+            raise ConfigError(f"{what}: cannot read size {value!r}", hint="write e.g. 16GiB, 512MiB or a number of MiB")
+        unit = (m.group(2) or "M")[0].upper()
+        mib_f = float(m.group(1)) * _SIZE_MIB[unit]
+        if mib_f != int(mib_f):
+            raise ConfigError(f"{what}: {value!r} is not a whole number of MiB")
+        mib = int(mib_f)
+    if mib < 0:
+        raise ConfigError(f"{what}: must be >= 0, got {value!r}")
+    return mib
+
+
+def parse_cpulist(value: Any, what: str = "cpus") -> list[int]:
+    """``"0-3,8"`` or ``[0, 1, 2, 3, 8]`` -> sorted distinct cores."""
+    from agent.executors.base import parse_cpuset
+
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 4095 for c in value):
+            raise ConfigError(f"{what}: expected core numbers 0..4095, got {value!r}")
+        if len(set(value)) != len(value):
+            raise ConfigError(f"{what}: repeats a core: {value!r}")
+        return sorted(value)
+    try:
+        return list(parse_cpuset(str(value)))
+    except ValueError as exc:
+        raise ConfigError(f"{what}: {exc}", hint="write a cpulist such as 0-3,8") from None
+
+
+def default_name() -> str:
+    host = socket.gethostname().split(".")[0] or "node"
+    name = re.sub(r"[^A-Za-z0-9_.:-]", "-", host).lstrip(".-")[:64]
+    return name or "node"
+
+
+def default_workdir(name: str) -> str:
+    return os.path.join(os.path.expanduser("~"), ".tangram", "agent", name.replace(":", "_"))
+
+
+@dataclass
+class AgentConfig:
+    """Everything an agent needs. Times are seconds, memory MiB, cores are lists of ints."""
+
+    controller: str
+    name: str = ""
+    cluster: str = "default"
+    executor: str = "auto"  # auto = docker if dockerd answers, else process
+    docker_mode: str = "auto"  # docker executor's exec path: auto | fastpath | docker
+    cpus: list[int] | None = None  # cores handed out; None = all online minus idle_cpus
+    idle_cpus: list[int] | None = None  # where idle sandboxes park; None = the first online core
+    mem_mib: int | None = None  # memory offered for sandboxes; None = MemTotal minus a reserve
+    workdir: str = ""  # pidfile, log, process-executor sandboxes; "" = ~/.tangram/agent/<name>
+    image: str = HOSTROOT_IMAGE  # default sandbox image (CreateSandbox with image "")
+    emulated_gpus: int = 0  # > 0: that many emulated GPUs instead of NVML discovery
+    gpu_mem_mib: int = 16 * 1024  # memory of each emulated GPU
+    restore_bandwidth_gbps: float = 25.0  # emulated restore bandwidth, GB/s
+    services: list[dict[str, Any]] = field(default_factory=list)  # GPU service specs prepared at start
+    heartbeat_s: float = 1.0  # until the Welcome says otherwise
+    orphan_timeout_s: float = 60.0  # cut off this long: kill running actions
+    stop_grace_s: float = 5.0  # SIGTERM: wait this long for running requests before cancelling them
+    hello_timeout_s: float = 5.0  # no Welcome within this: reconnect
+    backoff_min_s: float = 0.1
+    backoff_max_s: float = 5.0
+    max_inflight: int = 1024  # requests handled at once; beyond: RETRY_LATER
+    outbox_mib: int = 256  # replies buffered while cut off from the controller
+    log_file: str = ""  # "" = stderr
+    log_level: str = "INFO"
+    allow_remote: bool = False  # plain TCP to a non-loopback controller (no CURVE yet)
+
+    # ------------------------------------------------------------ loading
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "config") -> AgentConfig:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"{where}: unknown keys {unknown}", hint=f"known keys: {', '.join(sorted(known))}")
+        if "controller" not in raw:
+            raise ConfigError(f"{where}: `controller` is required", hint="add \"controller\": \"tcp://HOST:PORT\"")
+        values = dict(raw)
+        for key in ("cpus", "idle_cpus"):
+            if values.get(key) is not None:
+                values[key] = parse_cpulist(values[key], key)
+        for key in ("mem_mib", "gpu_mem_mib", "outbox_mib"):
+            if values.get(key) is not None:
+                values[key] = parse_mib(values[key], key)
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def load(cls, path: str | None = None, **overrides: Any) -> AgentConfig:
+        """The file (if any), then every override that is not None; validated."""
+        raw: dict[str, Any] = {}
+        if path:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    raw = json.load(f)
+            except OSError as exc:
+                raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+            if not isinstance(raw, dict):
+                raise ConfigError(f"{path}: expected a JSON object")
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict(raw, path or "flags")
+
+    # ------------------------------------------------------------ checks
+
+    def validate(self) -> None:
+        m = _ADDR_RE.match(self.controller) if isinstance(self.controller, str) else None
+        if not m or not 0 < int(m.group(2)) < 65536:
+            raise ConfigError(f"controller: expected tcp://HOST:PORT, got {self.controller!r}",
+                              hint="e.g. --controller tcp://127.0.0.1:7700")
+        host = m.group(1).strip("[]")
+        if not self.allow_remote and not is_loopback_host(host):
+            raise ConfigError(
+                f"controller {self.controller} is not a loopback address and plain TCP is only allowed on loopback",
+                hint="use the controller's 127.0.0.1 address, or set allow_remote (no encryption yet)")
+        if not self.name:
+            self.name = default_name()
+        if not _NAME_RE.match(self.name):
+            raise ConfigError(f"name: {self.name!r} is not a valid node name",
+                              hint="1-64 characters from A-Z a-z 0-9 _ . : - not starting with . or -")
+        if not _CLUSTER_RE.match(self.cluster):
+            raise ConfigError(f"cluster: {self.cluster!r} must match {_CLUSTER_RE.pattern}")
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"executor: expected one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        if self.docker_mode not in DOCKER_MODES:
+            raise ConfigError(f"docker_mode: expected one of {', '.join(DOCKER_MODES)}, got {self.docker_mode!r}")
+        for key in ("cpus", "idle_cpus"):
+            value = getattr(self, key)
+            if value is not None:
+                setattr(self, key, parse_cpulist(value, key))
+        if self.cpus is not None and not self.cpus:
+            raise ConfigError("cpus: must not be empty")
+        if self.idle_cpus is not None and not self.idle_cpus:
+            raise ConfigError("idle_cpus: must not be empty (idle sandboxes need somewhere to sit)")
+        _int(self, "emulated_gpus", 0, 64)
+        _int(self, "gpu_mem_mib", 1, 1 << 30)
+        _int(self, "max_inflight", 1, 1 << 20)
+        _int(self, "outbox_mib", 1, 1 << 20)
+        if self.mem_mib is not None:
+            _int(self, "mem_mib", 1, 1 << 40)
+        for key, lo in (("heartbeat_s", 0.01), ("orphan_timeout_s", 0.1), ("stop_grace_s", 0.0),
+                        ("hello_timeout_s", 0.05), ("backoff_min_s", 0.001), ("backoff_max_s", 0.001),
+                        ("restore_bandwidth_gbps", 1e-6)):
+            _float(self, key, lo, 1e7)
+        if self.backoff_max_s < self.backoff_min_s:
+            raise ConfigError("backoff_max_s must be >= backoff_min_s")
+        if not isinstance(self.image, str) or not self.image:
+            raise ConfigError("image: must be a non-empty image name")
+        if not isinstance(self.services, list) or not all(isinstance(s, dict) and "name" in s for s in self.services):
+            raise ConfigError("services: expected a list of service spec objects, each with a `name`")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+        if not self.workdir:
+            self.workdir = default_workdir(self.name)
+        self.workdir = os.path.abspath(os.path.expanduser(self.workdir))
+
+    def resolve_cpus(self, online: list[int]) -> tuple[list[int], list[int]]:
+        """(cores handed out, idle cores) against the online set; ConfigError when they do not fit."""
+        if not online:
+            raise ConfigError("no online cpus found")
+        idle = self.idle_cpus if self.idle_cpus is not None else [online[0]]
+        if self.cpus is not None:
+            cpus = self.cpus
+        else:
+            cpus = [c for c in online if c not in idle] or list(online)
+        for key, value in (("cpus", cpus), ("idle_cpus", idle)):
+            outside = sorted(set(value) - set(online))
+            if outside:
+                raise ConfigError(f"{key}: cores {outside} are not online (online: {online})")
+        return cpus, idle
+
+    def pidfile(self) -> str:
+        return os.path.join(self.workdir, "agent.pid")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _int(cfg: AgentConfig, key: str, lo: int, hi: int) -> None:
+    value = getattr(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"{key}: expected an integer in [{lo}, {hi}], got {value!r}")
+
+
+def _float(cfg: AgentConfig, key: str, lo: float, hi: float) -> None:
+    value = getattr(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not lo <= value <= hi:
+        raise ConfigError(f"{key}: expected a number in [{lo}, {hi}], got {value!r}")
+    setattr(cfg, key, float(value))
