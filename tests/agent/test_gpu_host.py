@@ -202,6 +202,33 @@ async def test_timed_out_call_keeps_its_instance_and_gpu_until_it_ends() -> None
     assert not h.facts()["gpus"][0]["busy"] and h.used_mib[0] == 0
 
 
+async def test_cancelled_invoke_keeps_the_gpu_until_the_work_ends() -> None:
+    """The agent cancels an invoke on Kill; the thread cannot be killed, so the GPU stays held."""
+    h = host()
+    await h.prepare("e", spec("e", "echo"))
+    await h.load("e", 0, 1)
+    call = asyncio.create_task(h.invoke("e", 0, 1, {"sleep_s": 0.4}, timeout_s=5))
+    await asyncio.sleep(0.1)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert h.facts()["gpus"][0]["busy"]
+    t0 = time.perf_counter()
+    assert await h.invoke("e", 0, 1, {"n": 1}, timeout_s=5) == {"echo": {"n": 1}}
+    assert time.perf_counter() - t0 >= 0.2  # waited for the cancelled call's thread
+    await h.aclose()
+
+
+async def test_aclose_waits_for_running_calls_and_drops_everything() -> None:
+    h = host()
+    await h.prepare("e", spec("e", "echo"))
+    call = asyncio.create_task(h.invoke("e", 0, 2, {"sleep_s": 0.2}, timeout_s=5))
+    await asyncio.sleep(0.05)
+    await h.aclose(timeout_s=5)
+    assert (await call) == {"echo": {"sleep_s": 0.2}}
+    assert h.facts()["services"] == {} and h.used_mib == [0, 0, 0, 0]
+
+
 # ---------------------------------------------------------------- ordering
 
 
