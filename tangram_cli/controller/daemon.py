@@ -220,10 +220,10 @@ async def serve(config: ControllerConfig, options: Options, *, print_ready: bool
         loop.add_signal_handler(signal.SIGUSR1, lambda: controller.request_stop(down=True))
     controller.start()
     info = controller.ready_info()
-    if print_ready:
-        print(json.dumps(info), flush=True)
     if options.ready_file:
         write_ready(options.ready_file, info)
+    if print_ready:
+        print(json.dumps(info), flush=True)
     log.info("controller %s up: agents %s, submit %s, status %s", config.cluster, controller.agents_addr,
              controller.submit_addr, controller.status_addr)
     try:
