@@ -1,0 +1,105 @@
+"""The client library on its own: import footprint, argument checks, connection failures,
+and surviving a controller restart on the same port."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tangram
+from tangram.client.aio import AsyncSandbox, parse_mem
+from tangram.errors import BadRequest, ControllerUnreachable
+from tangram_cli.controller.config import ControllerConfig
+from tangram_cli.controller.daemon import Controller, Options
+
+HEAVY = ("click", "asyncssh", "docker", "rich", "numpy", "pydantic", "yaml", "tangram_cli", "tangram.core")
+
+
+def test_import_loads_no_heavy_dependency() -> None:
+    code = ("import sys, tangram, tangram.client, tangram.client.aio, tangram.client.sync, tangram.client.transport;"
+            "tangram.AsyncClient; tangram.Client;"
+            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_public_names() -> None:
+    from tangram.client.aio import AsyncClient
+    from tangram.client.sync import Client
+
+    assert tangram.AsyncClient is AsyncClient and tangram.Client is Client
+    assert tangram.ActionTimeout.retryable and not tangram.NoCapacity.retryable
+
+
+@pytest.mark.parametrize(("text", "mib"), [(None, 0), (512, 512), ("4GiB", 4096), ("512MiB", 512), ("2g", 2048),
+                                           ("1.5GiB", 1536), ("1000MB", 953)])
+def test_parse_mem(text, mib) -> None:
+    assert parse_mem(text) == mib
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1GiB", "4XB", True, -5])
+def test_parse_mem_rejects(bad) -> None:
+    with pytest.raises(BadRequest):
+        parse_mem(bad)
+
+
+async def test_argument_checks_happen_before_sending() -> None:
+    client = tangram.AsyncClient("tcp://127.0.0.1:9")  # never connected
+    sb = AsyncSandbox(client, "sb-1")
+    for kwargs in ({"cpus": 0}, {"cpus": (3, 2)}, {"cpus": (1, 2, 3)}, {"cpus": "2"}, {"timeout": -1},
+                   {"timeout": 0}):
+        with pytest.raises(BadRequest):
+            await sb.exec("true", **kwargs)
+    with pytest.raises(BadRequest):
+        await client.call("svc", {"x": object()})
+    with pytest.raises(BadRequest):
+        await client.call("svc", {}, gpus=[])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_unreachable_controller_is_reported() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ControllerUnreachable) as info:
+        await tangram.AsyncClient(f"tcp://127.0.0.1:{_free_port()}", connect_timeout=0.5).connect()
+    assert info.value.retryable and time.monotonic() - t0 < 3
+
+
+def test_sync_unreachable_and_env_address(monkeypatch) -> None:
+    monkeypatch.setenv("TANGRAM_ADDR", f"tcp://127.0.0.1:{_free_port()}")
+    with pytest.raises(ControllerUnreachable):
+        tangram.Client.from_env(connect_timeout=0.3).connect()
+
+
+async def test_client_survives_a_controller_restart_on_the_same_port() -> None:
+    port = _free_port()
+    c1 = Controller(ControllerConfig(heartbeat_s=0.2), Options(submit_port=port))
+    c1.start()
+    client = tangram.AsyncClient(f"tcp://127.0.0.1:{port}", heartbeat_s=0.2)
+    await client.connect()
+    epoch = client.controller_epoch
+    await client.open_sandbox()
+    await c1.stop()
+    await asyncio.sleep(0.3)
+    c2 = Controller(ControllerConfig(heartbeat_s=0.2), Options(submit_port=port))
+    c2.start()
+    try:
+        sb = await asyncio.wait_for(client.open_sandbox(), 10)  # libzmq reconnected by itself
+        assert sb.id.startswith("sb-")
+        for _ in range(50):
+            if client.controller_epoch != epoch:
+                break
+            await asyncio.sleep(0.1)
+        assert client.controller_epoch == c2.epoch != epoch  # the client noticed the new controller
+        await sb.close()
+    finally:
+        await client.close()
+        await c2.stop()
