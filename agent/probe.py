@@ -6,11 +6,14 @@ Docker and NVML are imported lazily and every failure there means "not available
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import platform
 import re
 import socket
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,18 +157,21 @@ def docker_reachable(timeout_s: float = 2.0) -> bool:
     except ImportError:
         return False
     client = None
+    ok = False
     try:
         client = docker.from_env(timeout=max(1, round(timeout_s)))
-        return bool(client.ping())
+        ok = bool(client.ping())
     except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
         log.debug("docker not reachable: %s", exc)
-        return False
     finally:
         if client is not None:
-            try:
+            with contextlib.suppress(Exception):
                 client.close()
-            except Exception:  # noqa: BLE001
-                pass
+    if not ok:  # docker-py leaks the socket of a failed version probe: finalize it here, quietly
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
+    return ok
 
 
 def nvml_gpus() -> list[dict[str, Any]]:
