@@ -12,7 +12,8 @@ Error tree (every error has ``hint`` and ``retryable``)::
     │   └── PrepareFailed   the host backup could not be built
     ├── EvictFailed         the runtime could not free the memory (state unchanged; retry)
     ├── ServiceError        the service function raised (traceback in ``detail``)
-    └── CallTimeout         the call passed its ``timeout_s`` (the GPU stays held until the work ends)
+    ├── CallTimeout         the call passed its ``timeout_s`` (the GPU stays held until the work ends)
+    └── HostClosed          the host is shutting down (``aclose``)
 """
 from __future__ import annotations
 
@@ -90,6 +91,11 @@ class ServiceError(GpuError):
 
 class CallTimeout(GpuError):
     hint = "raise timeout_s, or make the service faster; the GPU stays busy until the call ends"
+    retryable = True
+
+
+class HostClosed(GpuError):
+    hint = "the agent is stopping; the controller resends elsewhere"
     retryable = True
 
 

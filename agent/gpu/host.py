@@ -45,6 +45,7 @@ from .base import (
     GpuInfo,
     GpuOutOfMemory,
     GpuUnhealthy,
+    HostClosed,
     LoadFailed,
     LoadResult,
     PrepareFailed,
@@ -167,10 +168,13 @@ class GpuHost:
         self._prepare_locks: dict[str, asyncio.Lock] = {}
         self._queues = _GpuQueues(len(self.gpus))
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
 
     # ------------------------------------------------------------------ API
 
     async def prepare(self, service: str, spec: ServiceSpec) -> None:
+        if self._closed:
+            raise HostClosed("the GPU host is shutting down")
         if spec.name != service:
             raise SpecMismatch(f"spec is named {spec.name!r}, not {service!r}")
         lock = self._prepare_locks.setdefault(service, asyncio.Lock())
@@ -193,7 +197,7 @@ class GpuHost:
         svc, chunk = self._service(service), self._chunk(start, end)
         ticket = self._queues.enter(chunk)
         try:
-            await ticket.ready
+            await self._ready(ticket)
             return (await self._ensure_loaded(svc, chunk))[1]
         finally:
             self._queues.leave(ticket)
@@ -202,7 +206,7 @@ class GpuHost:
         svc, chunk = self._service(service), self._chunk(start, end)
         ticket = self._queues.enter(chunk)
         try:
-            await ticket.ready
+            await self._ready(ticket)
             for placement in [p for c, p in svc.placements.items() if chunk[0] <= c[0] and c[1] <= chunk[1]]:
                 await self._drop(svc, placement)
         finally:
@@ -216,7 +220,7 @@ class GpuHost:
         ticket = self._queues.enter(chunk)
         handed_off = False
         try:
-            await ticket.ready
+            await self._ready(ticket)
             placement, _ = await self._ensure_loaded(svc, chunk)
             task = self._start_call(svc, placement, payload, ticket)
             handed_off = True
@@ -248,21 +252,36 @@ class GpuHost:
         return {"gpus": gpus, "services": services}
 
     async def aclose(self, timeout_s: float = 30.0) -> None:
-        """Wait (bounded) for calls still running, then drop every placement and host backup."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout_s)
-        for svc in list(self._services.values()):
-            for placement in list(svc.placements.values()):
-                if placement.refs == 0:
-                    with contextlib.suppress(Exception):
-                        await self._drop(svc, placement)
-            with contextlib.suppress(Exception):
-                await svc.runtime.close()
-        self._services.clear()
+        """Refuse new requests, wait (bounded) for everything queued or running, drop every placement and
+        host backup. Placements still in use after ``timeout_s`` are left to their calls."""
+        self._closed = True
+        ticket = self._queues.enter((0, len(self.gpus))) if self.gpus else None
+        try:
+            if ticket is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(ticket.ready), timeout_s)
+            for svc in list(self._services.values()):
+                for placement in list(svc.placements.values()):
+                    if placement.refs == 0:
+                        with contextlib.suppress(Exception):
+                            await self._drop(svc, placement)
+                with contextlib.suppress(Exception):
+                    await svc.runtime.close()
+            self._services.clear()
+        finally:
+            if ticket is not None:
+                self._queues.leave(ticket)
 
     # ------------------------------------------------------------------ internals
 
+    async def _ready(self, ticket: _Ticket) -> None:
+        await ticket.ready
+        if self._closed:
+            raise HostClosed("the GPU host is shutting down")
+
     def _service(self, name: str) -> _Service:
+        if self._closed:
+            raise HostClosed("the GPU host is shutting down")
         svc = self._services.get(name)
         if svc is None:
             raise UnknownService(f"service {name!r} is not prepared on this node")

@@ -19,6 +19,7 @@ from agent.gpu import (
     GpuInfo,
     GpuOutOfMemory,
     GpuUnhealthy,
+    HostClosed,
     LoadFailed,
     LoadResult,
     PrepareFailed,
@@ -221,12 +222,20 @@ async def test_cancelled_invoke_keeps_the_gpu_until_the_work_ends() -> None:
 
 async def test_aclose_waits_for_running_calls_and_drops_everything() -> None:
     h = host()
-    await h.prepare("e", spec("e", "echo"))
+    await h.prepare("e", spec("e", "echo", weight=GB // 10))  # the restore alone takes 4 ms
     call = asyncio.create_task(h.invoke("e", 0, 2, {"sleep_s": 0.2}, timeout_s=5))
-    await asyncio.sleep(0.05)
-    await h.aclose(timeout_s=5)
-    assert (await call) == {"echo": {"sleep_s": 0.2}}
+    await asyncio.sleep(0)  # still restoring: aclose must wait for the load too
+    early = asyncio.create_task(h.invoke("e", 2, 3, {}, timeout_s=5))  # queued before the close: runs
+    await asyncio.sleep(0)
+    closing = asyncio.create_task(h.aclose(timeout_s=5))
+    await asyncio.sleep(0)
+    with pytest.raises(HostClosed):
+        await h.invoke("e", 3, 4, {}, timeout_s=5)
+    await closing
+    assert (await call) == {"echo": {"sleep_s": 0.2}} and (await early) == {"echo": {}}
     assert h.facts()["services"] == {} and h.used_mib == [0, 0, 0, 0]
+    with pytest.raises(HostClosed):
+        await h.prepare("x", spec("x"))
 
 
 # ---------------------------------------------------------------- ordering
