@@ -19,6 +19,7 @@ BASELINE = {"coding": "k8s", "deepsearch": "api-retry+static", "mopd": "static",
 FIG6_BATCH = {"coding": 2048, "deepsearch": 512, "mopd": 2048, "mopd+search": 1024}  # assumption: loaded cluster
 
 Progress = Callable[[str], None]
+CPU_PATH_S = 0.0037  # per CPU action: cgroup write + nsenter + write back (anchors.md §1.6 direct path)
 
 
 def run_one(workload: str, policy: str, batch: int, seed: int, spec: ClusterSpec | None = None,
@@ -133,12 +134,12 @@ def table1(seed: int, spec: ClusterSpec | None, note: Progress, batches: tuple[i
         for b in batches:
             note(f"table1 {w} batch {b} tangram")
             r = run_one(w, "tangram", b, seed, spec)
-            run_s = r["cpu_busy_core_s"] if w == "coding" else r["gpu_busy_s"]
+            run_s = r["gpu_busy_s"]
             n = r["actions"]
             decide = r["decide_mean_us"] * 1e-6 * r["events"]
             if w == "coding":
-                mean_run = (r["cpu_busy_core_s"] / max(1, n))
-                share = (0.0037 + decide / n) / mean_run if mean_run else None
+                mean_run = r["cpu_mean_run_s"]
+                share = (CPU_PATH_S + decide / n) / mean_run if mean_run else None
             else:
                 share = r["restore_share"] + decide / run_s if run_s else None
             r["overhead_share"] = share

@@ -68,9 +68,12 @@ def summarize(r: SimResult) -> dict[str, Any]:
 
 
 def _resources(r: SimResult, rollout: float) -> dict[str, Any]:
-    cpu_busy = cpu_held = gpu_busy = gpu_held = restore = 0.0
+    cpu_busy = cpu_held = gpu_busy = gpu_held = restore = cpu_run = 0.0
+    cpu_n = 0
     for aid, run in r.runs.items():
         if run.resource == "cpu":
+            cpu_run += max(0.0, run.end - run.start)
+            cpu_n += 1
             busy = run.units * max(0.0, run.end - run.start)
             cpu_busy += busy
             cpu_held += run.units * max(0.0, run.end - run.alloc)
@@ -94,5 +97,6 @@ def _resources(r: SimResult, rollout: float) -> dict[str, Any]:
         "gpu_util": gpu_busy / (gpus * rollout) if gpus and rollout else 0.0,
         "gpu_efficiency": gpu_busy / gpu_held if gpu_held else 0.0,
         "restore_share": restore / gpu_busy if gpu_busy else 0.0,
+        "cpu_mean_run_s": cpu_run / cpu_n if cpu_n else 0.0,
         "gpus": gpus, "cores": cores,
     }
