@@ -274,7 +274,7 @@ class AgentLink:
         if not agent.live:
             return
         agent.state, agent.reason = state, reason
-        log.warning("agent %s lost: %s", agent.name, reason)
+        (log.info if state == "down" else log.warning)("agent %s lost: %s", agent.name, reason)
         for rec in self.registry.sandboxes.values():
             if rec.node == agent.name and not rec.closed:
                 rec.lost = True
