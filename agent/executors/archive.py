@@ -89,3 +89,15 @@ def put(api: Any, cid: str, workdir: str, parts: list[str], data: bytes,
     dest = posixpath.join(workdir, *parts[:existing])
     if not api.put_archive(cid, dest, buf.getvalue()):
         raise PathRejected(f"docker refused to write {'/'.join(parts)!r}")
+
+
+def chown_dir(api: Any, cid: str, path: str, owner: tuple[int, int], mode: int = 0o755) -> None:
+    """Give ``path`` (a directory) to ``owner`` by extracting a one-entry tar over it."""
+    parent, name = posixpath.split(path.rstrip("/"))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, mode, *owner
+        tar.addfile(info)
+    if not api.put_archive(cid, parent or "/", buf.getvalue()):
+        raise PathRejected(f"docker refused to chown {path!r}")

@@ -230,6 +230,34 @@ async def drain(stream: asyncio.StreamReader | None, sink: OutputCollector, chun
         sink.feed(data)
 
 
+async def wait_exit(proc: asyncio.subprocess.Process, timeout_s: float) -> bool:
+    """True once the process has exited, even while a leftover child still holds its pipes (asyncio's
+    ``proc.wait()`` waits for the pipes too). Uses a pidfd where the kernel has them."""
+    if proc.returncode is not None:
+        return True
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+    try:
+        await asyncio.wait_for(done, timeout_s)
+        return True
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
 async def feed_stdin(stdin: asyncio.StreamWriter | None, data: bytes | None) -> None:
     if stdin is None:
         return

@@ -45,6 +45,7 @@ from .base import (
     parse_owner,
     read_nofollow,
     split_relpath,
+    wait_exit,
     write_nofollow,
 )
 from .images import HOSTROOT_IMAGE, hostroot_mounts
@@ -127,6 +128,9 @@ class DockerExecutor:
         kw = container_kwargs(spec, self.cluster, self.idle_cpus, spec.image or self.image_default)
         container = await asyncio.to_thread(self.client.containers.run, **kw)
         try:
+            owner = parse_owner(spec.user)
+            if owner is not None:  # the sandbox user owns its workdir, whatever the image says
+                await asyncio.to_thread(archive.chown_dir, self.client.api, container.id, WORKDIR, owner)
             self._sandboxes[spec.sandbox] = await asyncio.to_thread(self._attach, container, spec.user)
         except BaseException:
             await asyncio.to_thread(container.remove, force=True)
@@ -243,11 +247,7 @@ class DockerExecutor:
         proc = act.proc
         assert proc is not None
         io = asyncio.gather(drain(proc.stdout, out), drain(proc.stderr, err), feed_stdin(proc.stdin, req.stdin))
-        timed_out = False
-        try:
-            await asyncio.wait_for(proc.wait(), req.timeout_s)
-        except asyncio.TimeoutError:
-            timed_out = True
+        timed_out = not await wait_exit(proc, req.timeout_s)
         # The action ends with its main process: leftovers (background jobs) go too.
         await asyncio.to_thread(self._kill_fast, act)
         await proc.wait()
@@ -276,20 +276,30 @@ class DockerExecutor:
         sock = await asyncio.to_thread(api.exec_start, exec_id, socket=True)
         setup_s = time.monotonic() - t0
         reader = asyncio.ensure_future(asyncio.to_thread(_pump_exec, sock, req.stdin, out, err))
-        timed_out = False
         try:
-            await asyncio.wait_for(asyncio.shield(reader), req.timeout_s)
-        except asyncio.TimeoutError:
-            timed_out = True
-            await self._kill_docker(act, exec_id)
-            await reader
+            timed_out = await self._wait_docker(act, exec_id, reader, sock, req.timeout_s)
         finally:
-            with contextlib.suppress(OSError):
-                sock.close()
+            _close_exec_socket(sock)
         info = await asyncio.to_thread(api.exec_inspect, exec_id)
         code = 137 if timed_out or act.killed else int(info.get("ExitCode") or 0)
         return RunResult(code, out.value(), err.value(), out.truncated or err.truncated, timed_out,
                          act.killed, time.monotonic() - t0 - setup_s, setup_s, tuple(req.cores))
+
+    async def _wait_docker(self, act: _Action, exec_id: str, reader: asyncio.Future[None], sock: Any,
+                           timeout_s: float) -> bool:
+        timed_out = False
+        try:
+            await asyncio.wait_for(asyncio.shield(reader), timeout_s)
+        except asyncio.TimeoutError:
+            timed_out = True
+            await self._kill_docker(act, exec_id)
+        try:
+            await asyncio.wait_for(asyncio.shield(reader), KILL_GRACE_S)
+        except asyncio.TimeoutError:  # a leftover still holds the stream: stop reading
+            with contextlib.suppress(OSError):
+                getattr(sock, "_sock", sock).shutdown(2)
+            await reader
+        return timed_out
 
     async def _kill_docker(self, act: _Action, exec_id: str) -> None:
         info = await asyncio.to_thread(self.client.api.exec_inspect, exec_id)
@@ -300,7 +310,8 @@ class DockerExecutor:
         if ns_pid is None:
             return
         kill_id = (await asyncio.to_thread(
-            self.client.api.exec_create, act.sandbox.cid, ["kill", "-9", "--", f"-{ns_pid}"], user="0"))["Id"]
+            self.client.api.exec_create, act.sandbox.cid, ["kill", "-9", "--", f"-{ns_pid}"],
+            user=act.sandbox.user or ""))["Id"]
         await asyncio.to_thread(self.client.api.exec_start, kill_id)
 
     async def kill(self, action: str) -> bool:
@@ -361,6 +372,13 @@ def _setpriv_flavour(pid: int) -> tuple[str, ...]:
                 return fastpath.SETPRIV_FULL
             found = fastpath.SETPRIV_NNP
     return found
+
+
+def _close_exec_socket(sock: Any) -> None:
+    for obj in (getattr(sock, "_response", None), sock, getattr(sock, "_sock", None)):
+        if obj is not None:
+            with contextlib.suppress(OSError):
+                obj.close()
 
 
 def _ns_pid(host_pid: int) -> int | None:

@@ -1,7 +1,7 @@
 """Local sandbox images built with ``docker import`` (no registry needed).
 
 * ``tangram/hostroot:1``: only empty mount-point directories. Sandboxes from it bind-mount the host's
-  ``/usr``, ``/bin``, ``/lib*``, ``/etc`` and ``/sbin`` read-only (``hostroot_mounts()``), so the host's
+  ``/usr``, ``/bin``, ``/lib*`` and ``/etc`` read-only (``hostroot_mounts()``), so the host's
   Python runs inside without pulling anything. Note that the host's ``/etc`` becomes readable inside.
 * ``tangram-test:busybox``: a static busybox with its applet links, for small failure-case sandboxes.
 """
@@ -18,14 +18,16 @@ from typing import Any
 HOSTROOT_IMAGE = "tangram/hostroot:1"
 BUSYBOX_IMAGE = "tangram-test:busybox"
 HOSTROOT_DIRS = ("usr", "bin", "lib", "lib64", "etc", "sbin", "tmp", "work", "proc", "sys", "dev")
-HOSTROOT_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/etc", "/sbin")
+# Not /sbin: `--init` mounts /sbin/docker-init, which cannot sit on a read-only bind of the host's /sbin.
+# The image keeps an empty /sbin; the host's sbin tools are still reachable as /usr/sbin on merged-usr hosts.
+HOSTROOT_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/etc")
 SKELETON_DIRS = ("bin", "etc", "tmp", "work", "proc", "sys", "dev")
 
 
 def _add_dir(tar: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
     info = tarfile.TarInfo(name)
     info.type = tarfile.DIRTYPE
-    info.mode = 0o1777 if name == "tmp" else mode
+    info.mode = 0o1777 if name in ("tmp", "work") else mode  # any sandbox user may write its workdir
     tar.addfile(info)
 
 

@@ -33,6 +33,7 @@ from .base import (
     parse_cpuset,
     read_nofollow,
     split_relpath,
+    wait_exit,
     write_nofollow,
 )
 
@@ -106,9 +107,7 @@ class ProcessExecutor:
         io = asyncio.gather(drain(proc.stdout, out), drain(proc.stderr, err), feed_stdin(proc.stdin, req.stdin))
         timed_out = False
         try:
-            await asyncio.wait_for(proc.wait(), req.timeout_s)
-        except asyncio.TimeoutError:
-            timed_out = True
+            timed_out = not await wait_exit(proc, req.timeout_s)
         finally:
             _killpg(proc.pid)  # leftovers of the action go with it
             await proc.wait()

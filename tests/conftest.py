@@ -1,0 +1,51 @@
+"""Suite-wide rules: loopback-only networking, real-component markers, shared Docker fixtures.
+
+Markers ``docker``/``ssh``/``gpu`` skip with a reason when the component is missing; with
+``TANGRAM_REQUIRE_REAL=1`` (set by ``.ci/run``) a missing dockerd or sshd fails instead. ``slow`` tests
+get a long timeout and are skipped only with ``TANGRAM_SKIP_SLOW=1``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `support` under any import mode
+
+from support import guards  # noqa: E402
+from support.docker import busybox_image, docker_client, hostroot_image, test_labels  # noqa: E402
+
+__all__ = ["busybox_image", "docker_client", "hostroot_image", "test_labels"]
+
+guards.install_network_guard()
+
+_CHECKS = {"docker": guards.docker_missing, "ssh": guards.ssh_missing, "gpu": guards.gpu_missing}
+SLOW_TIMEOUT_S = 900
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("slow") and os.environ.get("TANGRAM_SKIP_SLOW") == "1":
+        pytest.skip("slow test skipped (TANGRAM_SKIP_SLOW=1)")
+    for name, check in _CHECKS.items():
+        if item.get_closest_marker(name) and (reason := check()):
+            if guards.require_real() and name != "gpu":
+                pytest.fail(f"{name} is required here (TANGRAM_REQUIRE_REAL=1): {reason}", pytrace=False)
+            pytest.skip(f"{name}: {reason}")
+
+
+@pytest.fixture(autouse=True)
+def _loopback_only():
+    """Fails a test that tried a non-loopback connect, even if the test swallowed the error."""
+    start = len(guards.violations)
+    yield
+    new = guards.violations[start:]
+    if new:
+        pytest.fail("; ".join(new), pytrace=False)
+pytest_plugins = ["support.sshd"]
