@@ -15,7 +15,8 @@ from agent.config import EXECUTORS, AgentConfig, parse_mib
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m agent", description="Run a Tangram node agent in the foreground.",
-        epilog="Stop it with SIGTERM or Ctrl-C (sandboxes keep running), or from the controller (`tangram down`).")
+        epilog="Stop it with SIGTERM or Ctrl-C (sandboxes keep running), "
+               "or from the controller (`tangram down`).")
     ap.add_argument("--config", metavar="FILE", help="JSON file of agent settings (flags override it)")
     ap.add_argument("--controller", metavar="tcp://HOST:PORT", help="the controller's agents address")
     ap.add_argument("--name", help="node name (default: the host name)")
@@ -23,15 +24,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--executor", choices=EXECUTORS, help="auto = docker if dockerd answers, else process")
     ap.add_argument("--docker-mode", choices=("auto", "fastpath", "docker"), help="docker executor exec path")
     ap.add_argument("--cpus", metavar="LIST", help="cores to hand out, e.g. 0-7 (default: online minus idle)")
-    ap.add_argument("--idle-cpus", metavar="LIST", help="cores idle sandboxes park on (default: the first online)")
+    ap.add_argument("--idle-cpus", metavar="LIST",
+                    help="cores idle sandboxes park on (default: the first online)")
     ap.add_argument("--mem", metavar="SIZE", help="memory offered for sandboxes, e.g. 16GiB")
-    ap.add_argument("--workdir", metavar="DIR", help="pidfile, log and process sandboxes (default ~/.tangram/agent/NAME)")
+    ap.add_argument("--workdir", metavar="DIR",
+                    help="pidfile, log and process sandboxes (default ~/.tangram/agent/NAME)")
     ap.add_argument("--image", help="default sandbox image (default tangram/hostroot:1)")
     ap.add_argument("--emulated-gpus", type=int, metavar="N", help="emulate N GPUs")
     ap.add_argument("--gpu-memory", metavar="SIZE", help="memory of each emulated GPU, e.g. 16GiB")
     ap.add_argument("--restore-gbps", type=float, metavar="GB/S", help="emulated restore bandwidth")
     ap.add_argument("--heartbeat", type=float, metavar="S", help="heartbeat interval before the Welcome")
-    ap.add_argument("--orphan-timeout", type=float, metavar="S", help="cut off this long: kill running actions")
+    ap.add_argument("--orphan-timeout", type=float, metavar="S",
+                    help="cut off this long: kill running actions")
     ap.add_argument("--log-file", metavar="FILE", help="log here instead of stderr")
     ap.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     ap.add_argument("--allow-remote", action="store_true", default=None,

@@ -40,7 +40,8 @@ def parse_mib(value: Any, what: str = "size") -> int:
     else:
         m = _SIZE_RE.match(str(value))
         if not m:
-            raise ConfigError(f"{what}: cannot read size {value!r}", hint="write e.g. 16GiB, 512MiB or a number of MiB")
+            raise ConfigError(f"{what}: cannot read size {value!r}",
+                              hint="write e.g. 16GiB, 512MiB or a number of MiB")
         unit = (m.group(2) or "M")[0].upper()
         mib_f = float(m.group(1)) * _SIZE_MIB[unit]
         if mib_f != int(mib_f):
@@ -116,9 +117,11 @@ class AgentConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ConfigError(f"{where}: unknown keys {unknown}", hint=f"known keys: {', '.join(sorted(known))}")
+            raise ConfigError(f"{where}: unknown keys {unknown}",
+                              hint=f"known keys: {', '.join(sorted(known))}")
         if "controller" not in raw:
-            raise ConfigError(f"{where}: `controller` is required", hint="add \"controller\": \"tcp://HOST:PORT\"")
+            raise ConfigError(f"{where}: `controller` is required",
+                              hint="add \"controller\": \"tcp://HOST:PORT\"")
         values = dict(raw)
         for key in ("cpus", "idle_cpus"):
             if values.get(key) is not None:
@@ -157,7 +160,8 @@ class AgentConfig:
         host = m.group(1).strip("[]")
         if not self.allow_remote and not is_loopback_host(host):
             raise ConfigError(
-                f"controller {self.controller} is not a loopback address and plain TCP is only allowed on loopback",
+                f"controller {self.controller} is not a loopback address, "
+                "and plain TCP is only allowed on loopback",
                 hint="use the controller's 127.0.0.1 address, or set allow_remote (no encryption yet)")
         if not self.name:
             self.name = default_name()
@@ -169,7 +173,8 @@ class AgentConfig:
         if self.executor not in EXECUTORS:
             raise ConfigError(f"executor: expected one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.docker_mode not in DOCKER_MODES:
-            raise ConfigError(f"docker_mode: expected one of {', '.join(DOCKER_MODES)}, got {self.docker_mode!r}")
+            raise ConfigError(
+                f"docker_mode: expected one of {', '.join(DOCKER_MODES)}, got {self.docker_mode!r}")
         for key in ("cpus", "idle_cpus"):
             value = getattr(self, key)
             if value is not None:
@@ -192,7 +197,9 @@ class AgentConfig:
             raise ConfigError("backoff_max_s must be >= backoff_min_s")
         if not isinstance(self.image, str) or not self.image:
             raise ConfigError("image: must be a non-empty image name")
-        if not isinstance(self.services, list) or not all(isinstance(s, dict) and "name" in s for s in self.services):
+        services_ok = isinstance(self.services, list) and all(
+            isinstance(s, dict) and "name" in s for s in self.services)
+        if not services_ok:
             raise ConfigError("services: expected a list of service spec objects, each with a `name`")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
@@ -205,10 +212,7 @@ class AgentConfig:
         if not online:
             raise ConfigError("no online cpus found")
         idle = self.idle_cpus if self.idle_cpus is not None else [online[0]]
-        if self.cpus is not None:
-            cpus = self.cpus
-        else:
-            cpus = [c for c in online if c not in idle] or list(online)
+        cpus = self.cpus if self.cpus is not None else [c for c in online if c not in idle] or list(online)
         for key, value in (("cpus", cpus), ("idle_cpus", idle)):
             outside = sorted(set(value) - set(online))
             if outside:

@@ -61,16 +61,18 @@ from .config import AgentConfig
 log = logging.getLogger("agent")
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_REJECTED = 0, 1, 2, 3
+KILL_RETRY_S = 10.0  # a Kill that races the start of its action keeps trying this long
 LIVENESS = 3  # heartbeat intervals of silence before the peer counts as lost
 OUTPUT_CAP = 16 << 20  # per stream; stdout + stderr stay under protocol.MAX_MESSAGE_BYTES
 GET_CAP = p.MAX_MESSAGE_BYTES - (1 << 20)
 MAX_TIMEOUT_S = 86399.0  # executors take (0, 86400); Spawn timeout 0 means "no deadline given"
-PAYLOAD_LIMITS = dict(max_str_len=p.MAX_MESSAGE_BYTES, max_bin_len=p.MAX_MESSAGE_BYTES, max_array_len=1 << 20,
-                      max_map_len=1 << 20, max_ext_len=0)
+PAYLOAD_LIMITS = {"max_str_len": p.MAX_MESSAGE_BYTES, "max_bin_len": p.MAX_MESSAGE_BYTES,
+                  "max_array_len": 1 << 20, "max_map_len": 1 << 20, "max_ext_len": 0}
 REJECT_RETRYABLE = ("duplicate", "already", "retry", "later", "restart", "grace", "busy")
 GPU_MESSAGES = (p.Prepare, p.Load, p.Evict, p.Invoke)
 
 Reply = tuple[p.Message, list[bytes]]
+Handler = Callable[[Any, tuple[bytes, ...]], Awaitable[Reply]]
 
 
 class AgentExit(Exception):
@@ -244,7 +246,7 @@ class Agent:
         self._last_out = 0.0
         self._orphaned = False
         self.sessions = 0  # Welcomes received (tests and logs)
-        self._handlers: dict[type[p.Message], Callable[[Any, tuple[bytes, ...]], Awaitable[Reply]]] = {
+        self._handlers: dict[type[p.Message], Handler] = {
             p.CreateSandbox: self._create_sandbox,
             p.DestroySandbox: self._destroy_sandbox,
             p.PutFile: self._put_file,
@@ -361,7 +363,7 @@ class Agent:
             t_hello = time.monotonic()
             try:  # waits for the TCP connection (IMMEDIATE)
                 await asyncio.wait_for(sock.send_multipart(p.encode(hello, 0)), self.cfg.hello_timeout_s)
-            except (asyncio.TimeoutError, zmq.Again):
+            except (TimeoutError, zmq.Again):
                 log.warning("cannot reach %s within %.1f s", self.cfg.controller, self.cfg.hello_timeout_s)
                 return False
             self._last_out = time.monotonic()
@@ -429,10 +431,12 @@ class Agent:
             return "shutdown"
         handler = self._handlers.get(type(msg))
         if handler is None:
-            self._reply(env.request_id, error_reply(BadRequest(f"{type(msg).__name__} is not a request an agent serves")))
+            why = f"{type(msg).__name__} is not a request an agent serves"
+            self._reply(env.request_id, error_reply(BadRequest(why)))
             return None
         if len(self._tasks) >= self.cfg.max_inflight:
-            self._reply(env.request_id, error_reply(RetryLater(f"agent busy: {len(self._tasks)} requests in flight")))
+            why = f"agent busy: {len(self._tasks)} requests in flight"
+            self._reply(env.request_id, error_reply(RetryLater(why)))
             return None
         task = asyncio.create_task(self._serve(env, handler), name=f"req-{env.request_id}")
         self._tasks.add(task)
@@ -441,7 +445,8 @@ class Agent:
 
     def _on_welcome(self, sock: zmq.asyncio.Socket, msg: p.Welcome) -> None:
         if msg.major != p.PROTOCOL_MAJOR:
-            raise AgentExit(EXIT_REJECTED, f"controller speaks {msg.major}, agent {p.PROTOCOL_MAJOR}: run tangram up")
+            raise AgentExit(EXIT_REJECTED,
+                            f"controller speaks {msg.major}, agent {p.PROTOCOL_MAJOR}: run tangram up")
         self._welcomed = True
         self._sock = sock
         self.controller_epoch, self.agent_epoch = msg.controller_epoch, msg.agent_epoch
@@ -528,7 +533,7 @@ class Agent:
 
     # ------------------------------------------------------------ requests
 
-    async def _serve(self, env: p.Envelope, handler: Callable[[Any, tuple[bytes, ...]], Awaitable[Reply]]) -> None:
+    async def _serve(self, env: p.Envelope, handler: Handler) -> None:
         rid = env.request_id
         try:
             msg, blobs = await handler(env.msg, env.blobs)
@@ -575,14 +580,15 @@ class Agent:
 
     async def _put_file(self, msg: p.PutFile, blobs: tuple[bytes, ...]) -> Reply:
         await self.executor.put(msg.sandbox, msg.path, blobs[0])
-        return p.Result({"size": len(blobs[0])}), []
+        return p.Result({}), []
 
     async def _get_file(self, msg: p.GetFile, blobs: tuple[bytes, ...]) -> Reply:
         data = await self.executor.get(msg.sandbox, msg.path, GET_CAP)
         return p.Result({"size": len(data)}), [data]
 
     async def _cpuset(self, msg: p.Cpuset, blobs: tuple[bytes, ...]) -> Reply:
-        raise BadRequest("CPUSET is not served: the agent sets a sandbox's cpuset per Spawn (allocate on execution)")
+        raise BadRequest("CPUSET is not served: the agent sets a sandbox's cpuset per Spawn "
+                         "(allocate on execution)")
 
     async def _spawn(self, msg: p.Spawn, blobs: tuple[bytes, ...]) -> Reply:
         from agent.executors.base import RunRequest
@@ -595,7 +601,8 @@ class Agent:
         self._check_epochs(msg.epoch, msg.agent_epoch)
         outside = sorted(set(msg.cores) - self.cpus)
         if not msg.cores or outside:
-            raise BadRequest(f"cores {outside or '[]'} are not cores this agent hands out ({sorted(self.cpus)})")
+            raise BadRequest(f"cores {outside or '[]'} are not cores this agent hands out "
+                             f"({sorted(self.cpus)})")
         timeout = min(msg.timeout_s, MAX_TIMEOUT_S) if msg.timeout_s > 0 else MAX_TIMEOUT_S
         req = RunRequest(msg.action, msg.sandbox, msg.cmd, tuple(msg.cores), dict(msg.env), timeout, msg.dop,
                          OUTPUT_CAP, blobs[0] if blobs else None)
@@ -603,11 +610,13 @@ class Agent:
         try:
             res = await self.executor.run(req)
             body = {"exit_code": res.exit_code, "truncated": res.truncated, "timed_out": res.timed_out,
-                    "killed": res.killed, "run_s": res.run_s, "setup_s": res.setup_s, "cores": list(res.cores),
+                    "killed": res.killed, "run_s": res.run_s, "setup_s": res.setup_s,
+                    "cores": list(res.cores),
                     **self._echo(msg.action, msg.attempt, msg.epoch, msg.agent_epoch)}
             reply: Reply = (p.Result(body), [res.stdout, res.stderr])
             log.info("action %s/%d ended: exit %d%s%s in %.3f s on cores %s", msg.action, msg.attempt,
-                     res.exit_code, " (timed out)" if res.timed_out else "", " (killed)" if res.killed else "",
+                     res.exit_code, " (timed out)" if res.timed_out else "",
+                     " (killed)" if res.killed else "",
                      res.run_s, list(res.cores))
             run.outcome.set_result(reply)
             return reply
@@ -619,7 +628,7 @@ class Agent:
 
     def _track(self, action: str, attempt: int, kind: str) -> _Running:
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no "never retrieved" noise
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # no "never retrieved" noise
         run = self._running[action] = _Running(action, attempt, kind, fut)
         return run
 
@@ -638,10 +647,16 @@ class Agent:
 
     async def _kill_running(self, run: _Running) -> None:
         run.killed = True
-        if run.kind == "spawn":
-            await self.executor.kill(run.action)
-        elif run.inner is not None:
-            run.inner.cancel()
+        if run.kind == "invoke":
+            if run.inner is not None:
+                run.inner.cancel()
+            return
+        # The executor knows the action only once its process exists: retry until then (bounded).
+        end = time.monotonic() + KILL_RETRY_S
+        while not await self.executor.kill(run.action):
+            if run.outcome.done() or time.monotonic() > end:
+                return
+            await asyncio.sleep(0.02)
 
     async def _orphan_watch(self) -> None:
         period = max(0.05, min(1.0, self.cfg.orphan_timeout_s / 4))
@@ -661,7 +676,8 @@ class Agent:
 
     def _gpu_host(self) -> Any:
         if self.gpu is None:
-            raise BadRequest("this agent has no GPUs (start it with --emulated-gpus N, or on a node with NVIDIA GPUs)")
+            raise BadRequest("this agent has no GPUs "
+                             "(start it with --emulated-gpus N, or on a node with NVIDIA GPUs)")
         return self.gpu
 
     async def _prepare(self, msg: p.Prepare, blobs: tuple[bytes, ...]) -> Reply:
@@ -719,7 +735,8 @@ class Agent:
             try:
                 blob = msgpack.packb(value, use_bin_type=True)
             except Exception as exc:  # noqa: BLE001
-                raise RemoteError(f"service {msg.service!r} returned a value msgpack cannot encode: {exc}") from None
+                raise RemoteError(
+                    f"service {msg.service!r} returned a value msgpack cannot encode: {exc}") from None
             run_s = time.monotonic() - t0
             body = {"run_s": run_s, "gpus": list(msg.gpus), "service": msg.service,
                     **self._echo(msg.action, msg.attempt, msg.epoch, msg.agent_epoch)}
@@ -871,8 +888,8 @@ async def run_agent(cfg: AgentConfig) -> int:
     executor, kind = await asyncio.to_thread(build_executor, cfg, machine.docker, idle)
     gpu_host, gpus = build_gpu_host(cfg, machine)
     facts = build_facts(cfg, machine, cpus, idle, kind, gpus)
-    log.info("agent %s: executor %s, cpus %s, idle %s, %d MiB, %d GPUs, controller %s", cfg.name, kind, cpus, idle,
-             facts["mem_mib"], len(gpus), cfg.controller)
+    log.info("agent %s: executor %s, cpus %s, idle %s, %d MiB, %d GPUs, controller %s", cfg.name, kind, cpus,
+             idle, facts["mem_mib"], len(gpus), cfg.controller)
     agent = Agent(cfg, executor, facts=facts, gpu_host=gpu_host, cpus=cpus)
     pidfile = cfg.pidfile()
     write_pidfile(pidfile)

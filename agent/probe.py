@@ -175,7 +175,7 @@ def docker_reachable(timeout_s: float = 2.0) -> bool:
 
 
 def nvml_gpus() -> list[dict[str, Any]]:
-    """GPUs found by ``agent.gpu.nvml.discover()`` (as dicts), or [] without the library, driver or devices."""
+    """GPUs from ``agent.gpu.nvml.discover()`` (as dicts); [] without the library, driver or devices."""
     try:
         from agent.gpu import nvml
     except Exception:  # noqa: BLE001 - module absent or broken: no GPUs

@@ -12,17 +12,22 @@ import click
               help="The controller's agents address (required unless the --config file has it).")
 @click.option("--name", help="Node name; the agent's ZeroMQ identity. Default: the host name.")
 @click.option("--cluster", help="Cluster name; labels the sandbox containers. Default: default.")
-@click.option("--cpus", metavar="LIST", help="Cores to hand out, e.g. 0-7. Default: online cores minus the idle set.")
-@click.option("--idle-cpus", metavar="LIST", help="Cores idle sandboxes park on. Default: the first online core.")
+@click.option("--cpus", metavar="LIST",
+              help="Cores to hand out, e.g. 0-7. Default: online cores minus the idle set.")
+@click.option("--idle-cpus", metavar="LIST",
+              help="Cores idle sandboxes park on. Default: the first online core.")
 @click.option("--executor", type=click.Choice(["auto", "docker", "process"]),
               help="auto (default) = docker if dockerd answers, else process.")
 @click.option("--docker-mode", type=click.Choice(["auto", "fastpath", "docker"]),
               help="Exec path of the docker executor (fastpath needs root and nsenter).")
-@click.option("--mem", metavar="SIZE", help="Memory offered for sandboxes, e.g. 16GiB. Default: RAM minus a reserve.")
-@click.option("--emulated-gpus", type=click.IntRange(0, 64), metavar="N", help="Emulate N GPUs (no NVIDIA needed).")
+@click.option("--mem", metavar="SIZE",
+              help="Memory offered for sandboxes, e.g. 16GiB. Default: RAM minus a reserve.")
+@click.option("--emulated-gpus", type=click.IntRange(0, 64), metavar="N",
+              help="Emulate N GPUs (no NVIDIA needed).")
 @click.option("--gpu-memory", metavar="SIZE", help="Memory of each emulated GPU, e.g. 16GiB (default 16GiB).")
 @click.option("--restore-gbps", type=float, metavar="GB/S", help="Emulated restore bandwidth (default 25).")
-@click.option("--image", help="Default sandbox image (default tangram/hostroot:1, built locally with docker import).")
+@click.option("--image",
+              help="Default sandbox image (default tangram/hostroot:1, built locally with docker import).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True),
               help="JSON file of agent settings; the flags above override it (docs/agent.md).")
 @click.option("--workdir", type=click.Path(file_okay=False), help="Pidfile, log, process sandboxes. "
@@ -61,7 +66,8 @@ def command(controller: str | None, name: str | None, cluster: str | None, cpus:
     cfg = AgentConfig.load(
         config_file, controller=controller, name=name, cluster=cluster, cpus=cpus, idle_cpus=idle_cpus,
         executor=executor, docker_mode=docker_mode, mem_mib=parse_mib(mem, "--mem") if mem else None,
-        emulated_gpus=emulated_gpus, gpu_mem_mib=parse_mib(gpu_memory, "--gpu-memory") if gpu_memory else None,
+        emulated_gpus=emulated_gpus,
+        gpu_mem_mib=parse_mib(gpu_memory, "--gpu-memory") if gpu_memory else None,
         restore_bandwidth_gbps=restore_gbps, image=image, workdir=workdir, log_file=log_file,
         log_level=log_level.upper() if log_level else None, orphan_timeout_s=orphan_timeout,
     )

@@ -341,6 +341,19 @@ async def test_kill_answers_ack_then_killed_result(ctl, start, tmp_path):
     assert isinstance(env.msg, p.Ack)
 
 
+async def test_kill_right_behind_its_spawn_still_kills(ctl, start, tmp_path):
+    _, ident, _ = await welcomed(ctl, start, tmp_path)
+    await sandbox(ctl, ident)
+    t0 = time.monotonic()
+    await ctl.send(ident, spawn("racy", "sleep 30", [two_cpus()[1]]), rid=510)
+    await ctl.send(ident, p.Kill("racy", attempt=1), rid=511)
+    got = {}
+    for _ in range(2):
+        _, env = await ctl.recv()
+        got[env.request_id] = env.msg
+    assert isinstance(got[511], p.Ack) and got[510].body["killed"] and time.monotonic() - t0 < 5
+
+
 async def test_timeout_kills_and_flags(ctl, start, tmp_path):
     _, ident, _ = await welcomed(ctl, start, tmp_path)
     await sandbox(ctl, ident)

@@ -80,3 +80,14 @@ async def test_missing_image_is_a_bad_request(ctl, docker_agent, test_labels):
     ident, _ = await ctl.handshake()
     env = await ctl.request(ident, p.CreateSandbox("sb2", "tangram-test/missing:0", 64, test_labels), timeout=60)
     assert env.msg.code == "BAD_REQUEST", env.msg
+
+
+async def test_default_image_is_hostroot(ctl, docker_agent, hostroot_image, test_labels):
+    ident, _ = await ctl.handshake()
+    env = await ctl.request(ident, p.CreateSandbox("host", "", 64, test_labels), timeout=60)
+    assert isinstance(env.msg, p.Result), env.msg
+    core = two_cpus()[1]
+    cmd = "python3 -c 'import os; print(sorted(os.sched_getaffinity(0)))'"
+    env = await ctl.request(ident, spawn("py", cmd, [core], sandbox="host"), timeout=30)
+    assert env.msg.body["exit_code"] == 0, env.blobs
+    assert env.blobs[0].decode().strip() == f"[{core}]"
