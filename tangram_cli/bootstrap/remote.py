@@ -431,6 +431,8 @@ def up_command(
         )
     else:
         out = Console(highlight=False)
+        if not out.is_terminal:
+            out = Console(highlight=False, width=250)
         out.print(result_table(results))
         out.print(f"{len(ok)}/{len(results)} agents registered with controller {state.address}")
         if ok:

@@ -312,13 +312,33 @@ def header_line(s: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------- tables
 
 
+VOLATILE = ("HEARTBEAT",)  # differs between otherwise identical nodes: shown as the group's maximum
+
+
 def collapse_nodes(nodes: Iterable[Mapping[str, Any]], cols: list[Col]) -> list[list[str]]:
-    """One row per distinct set of cells; the NODE cell is the hostlist of the names sharing it."""
-    groups: dict[tuple[str, ...], list[str]] = {}
+    """One row per distinct set of cells; the NODE cell is the hostlist of the names sharing it.
+    Volatile cells (heartbeat age) do not split a group; the oldest one is shown."""
+    groups: dict[tuple[str, ...], list[tuple[str, Mapping[str, Any]]]] = {}
+    keyed = [i for i, (title, _) in enumerate(cols) if title not in VOLATILE]
     for r in nodes:
-        cells = tuple(fn(r) for _, fn in cols)
-        groups.setdefault(cells, []).append(node_name(r))
-    return [[compress(names), *cells] for cells, names in groups.items()]
+        cells = [fn(r) for _, fn in cols]
+        groups.setdefault(tuple(cells[i] for i in keyed), []).append((node_name(r), r))
+    out = []
+    for members in groups.values():
+        rows_ = [m[1] for m in members]
+        cells = []
+        for title, fn in cols:
+            if title == "HEARTBEAT":
+                ages = [
+                    a
+                    for r in rows_
+                    if (a := _num(first(r, "heartbeat_age_s", "heartbeat_s", "last_seen_s"))) is not None
+                ]
+                cells.append(seconds(max(ages)) if ages else "-")
+            else:
+                cells.append(fn(rows_[0]))
+        out.append([compress(m[0] for m in members), *cells])
+    return out
 
 
 def tables(

@@ -30,7 +30,9 @@ def tangram(*args: str, home: Path, timeout: float = 180) -> subprocess.Complete
     env = {**os.environ, "TANGRAM_HOME": str(home), "NO_COLOR": "1"}
     env.pop("TANGRAM_ADDR", None)
     env.pop("TANGRAM_INVENTORY", None)
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
 
 
 def refused_port(host: str) -> int:
@@ -42,8 +44,13 @@ def refused_port(host: str) -> int:
 
 def write_inventory(tmp: Path, key: Path, ports: tuple[int, int], cluster: str, extra: str = "") -> Path:
     text = TEMPLATE.read_text().format(
-        cluster=cluster, key=key, python=sys.executable, port_a=ports[0], port_b=ports[1],
-        work=tmp / "nodes", extra_hosts=extra,
+        cluster=cluster,
+        key=key,
+        python=sys.executable,
+        port_a=ports[0],
+        port_b=ports[1],
+        work=tmp / "nodes",
+        extra_hosts=extra,
     )
     path = tmp / "loopback.yaml"
     path.write_text(text)
@@ -101,7 +108,9 @@ def test_up_status_down_two_nodes(sshd_factory, ssh_key, tmp_path: Path) -> None
 
     dry = tangram("up", str(inv), "--dry-run", home=home)
     assert dry.returncode == 0, dry.stderr
-    assert "node-a" in dry.stdout and "node-b" in dry.stdout and "install" in dry.stdout
+    assert "node-a" in dry.stdout
+    assert "node-b" in dry.stdout
+    assert "install" in dry.stdout
 
     up = tangram("up", str(inv), "--timeout", "60s", home=home)
     assert up.returncode == 0, up.stdout + up.stderr
@@ -125,13 +134,16 @@ def test_up_status_down_two_nodes(sshd_factory, ssh_key, tmp_path: Path) -> None
         assert doc["agents_healthy"] == 2
 
         table = tangram("status", "-c", cluster, home=home)
-        assert table.returncode == 0 and "node-[a-b]" in table.stdout or "node-a" in table.stdout
+        assert table.returncode == 0
+        assert "node-a" in table.stdout
+        assert "node-b" in table.stdout
 
         again = tangram("up", str(inv), "--timeout", "60s", home=home)  # changes nothing
         assert again.returncode == 0, again.stderr
         assert again.stdout.count("ok (running)") == 2
-        assert json.loads((home / "clusters" / cluster / "state.json").read_text())["controller_pid"] == (
-            state["controller_pid"]
+        assert (
+            json.loads((home / "clusters" / cluster / "state.json").read_text())["controller_pid"]
+            == (state["controller_pid"])
         )
     finally:
         down = tangram("down", str(inv), home=home)
@@ -143,7 +155,8 @@ def test_up_status_down_two_nodes(sshd_factory, ssh_key, tmp_path: Path) -> None
     assert labelled_containers(cluster) == 0
     assert not (home / "clusters" / cluster / "state.json").exists()
     second = tangram("down", str(inv), home=home)
-    assert second.returncode == 0 and "nothing is running" in second.stdout
+    assert second.returncode == 0
+    assert "nothing is running" in second.stdout
 
 
 def test_refused_host_is_partial_with_reason(sshd_factory, ssh_key, tmp_path: Path) -> None:
@@ -151,13 +164,16 @@ def test_refused_host_is_partial_with_reason(sshd_factory, ssh_key, tmp_path: Pa
     cluster = f"loop-{uuid.uuid4().hex[:8]}"
     home = tmp_path / "home"
     dead = refused_port("127.0.0.4")
-    extra = (f"      - {{host: 127.0.0.4, name: node-c, ssh: {{port: {dead}}}, "
-             f"vars: {{cpus: \"0\", workdir: {tmp_path}/nodes/node-c}}}}")
+    extra = (
+        f"      - {{host: 127.0.0.4, name: node-c, ssh: {{port: {dead}}}, "
+        f'vars: {{cpus: "0", workdir: {tmp_path}/nodes/node-c}}}}'
+    )
     inv = write_inventory(tmp_path, ssh_key.path, (a.port, b.port), cluster, extra)
     try:
         up = tangram("up", str(inv), "--allow-partial", "--timeout", "60s", home=home)
         assert up.returncode == 3, up.stdout + up.stderr
-        assert "node-c" in up.stdout and "connection refused" in up.stdout
+        assert "node-c" in up.stdout
+        assert "connection refused" in up.stdout
         assert "2/3 agents registered" in up.stdout
         assert "Traceback" not in up.stderr
         strict = tangram("up", str(inv), "--timeout", "30s", home=home)  # without --allow-partial
