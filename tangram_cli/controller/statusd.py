@@ -3,11 +3,12 @@
 `records` is what `tangram status -o json` prints. Sections (all when `sections` is empty):
 
 - `cluster`: one map: `name`, `proto` ("1.0"), `controller_epoch`, `uptime_s`, `pid`,
-  `addresses` ({agents, submit, status} endpoints), `agents_up`, `agents_total`,
+  `address` (the bound host), `addresses` ({agents, submit, status} endpoints), `agents_up`, `agents_total`,
   `clients`, `sandboxes`, `queue` (waiting actions), `running`, `wait_p50_s` (median queueing
   delay of the last 1000 started actions, null before any), `loop_lag_s`, `events`
   (events handled), `counters` (core counters plus gateway/link counters).
-- `nodes`: one row per node: `node`, `state` (sinfo words: idle | mix | alloc | down | drain),
+- `nodes`: one row per node: `node`, `state` (sinfo words: idle | mix | alloc | down, `down*` when
+  the agent stopped heartbeating),
   `agent_state` (up | lost | down), `heartbeat_age_s`, `reason`, `role` (cpu | gpu | cpu+gpu),
   `cpus_total`, `cpus_used`, `mem_total_mib`, `mem_reserved_mib`, `sandboxes`,
   `sandboxes_busy`, `gpus_total`, `gpus_busy`, `gpu_mem_used_mib` (per GPU), `resident`
@@ -100,7 +101,7 @@ class StatusServer:
 
 def node_state(row: dict[str, Any], agent: dict[str, Any] | None) -> str:
     if agent is None or agent.get("agent_state") != "up":
-        return "down"
+        return "down*" if agent is not None and agent.get("agent_state") == "lost" else "down"
     used = row.get("cpus_used", 0) + row.get("gpus_busy", 0)
     total = row.get("cpus_total", 0) + row.get("gpus_total", 0)
     if used == 0:
@@ -125,6 +126,7 @@ def build_records(core: Scheduler, *, sections: list[str], limit: int, cluster: 
         out["cluster"] = {
             "name": cluster, "proto": f"{protocol.PROTOCOL_MAJOR}.{protocol.PROTOCOL_MINOR}",
             "controller_epoch": epoch, "uptime_s": round(time.monotonic() - started, 3), "pid": os.getpid(),
+            "address": addresses.get("submit", "").removeprefix("tcp://").rsplit(":", 1)[0],
             "addresses": addresses,
             "agents_up": sum(1 for a in agent_rows if a["agent_state"] == "up"), "agents_total": len(agent_rows),
             "clients": len(client_rows), "sandboxes": sum(1 for s in sandboxes if not s.closed),

@@ -208,7 +208,7 @@ async def test_node_lost_fails_running_actions(make_controller, make_agent) -> N
         with pytest.raises(SandboxLost):
             await asyncio.wait_for(task, 5)
         rows = {r["node"]: r for r in c._records(["nodes"], 10)["nodes"]}
-        assert rows["n1"]["agent_state"] == "lost" and rows["n1"]["state"] == "down"
+        assert rows["n1"]["agent_state"] == "lost" and rows["n1"]["state"] == "down*"
 
 
 async def test_unknown_sandboxes_at_hello_are_destroyed(controller, make_agent) -> None:
