@@ -11,6 +11,7 @@ Start a local cluster by hand (two terminals), then run this file:
     tangram agent --controller tcp://127.0.0.1:7700 --name local --executor process --emulated-gpus 2
     TANGRAM_ADDR=tcp://127.0.0.1:7701 python examples/coding_rollout.py --trajectories 4 --turns 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,7 @@ import time
 import tangram
 
 # The "test suite" each trajectory writes into its sandbox: CPU-bound work split over N processes.
-TEST_SCRIPT = r'''
+TEST_SCRIPT = r"""
 import sys, multiprocessing as mp
 def work(n):
     s = 0
@@ -33,7 +34,7 @@ if __name__ == "__main__":
     procs = int(sys.argv[1]); total = int(sys.argv[2])
     with mp.Pool(procs) as pool:
         print(sum(pool.map(work, [total // procs] * procs)), "with", procs, "processes")
-'''
+"""
 
 
 async def trajectory(tg: tangram.AsyncClient, i: int, turns: int, rng: random.Random) -> dict[str, float]:
@@ -43,13 +44,25 @@ async def trajectory(tg: tangram.AsyncClient, i: int, turns: int, rng: random.Ra
         await env.put("selftest.py", TEST_SCRIPT)
         for turn in range(turns):
             await asyncio.sleep(rng.uniform(0.2, 0.8))  # the policy model "thinks"
-            r = await env.exec(f"ls && python3 -c 'import solution; print(solution.answer() + {turn})'",
-                               cpus=1, timeout=30)
+            r = await env.exec(
+                f"ls && python3 -c 'import solution; print(solution.answer() + {turn})'", cpus=1, timeout=30
+            )
             r.stdout.strip()  # a real rollout feeds this back into the prompt
-        test = await env.exec("python3 selftest.py {dop} 3000000", cpus=(1, 8), elastic="selftest",
-                              duration_hint=2.0, timeout=120, check=True)
-    return {"act_s": time.monotonic() - t0, "test_run_s": test.run_s, "dop": float(test.dop),
-            "queued_s": test.queued_s, "overhead_s": test.overhead_s}
+        test = await env.exec(
+            "python3 selftest.py {dop} 3000000",
+            cpus=(1, 8),
+            elastic="selftest",
+            duration_hint=2.0,
+            timeout=120,
+            check=True,
+        )
+    return {
+        "act_s": time.monotonic() - t0,
+        "test_run_s": test.run_s,
+        "dop": float(test.dop),
+        "queued_s": test.queued_s,
+        "overhead_s": test.overhead_s,
+    }
 
 
 async def main() -> None:
@@ -61,11 +74,15 @@ async def main() -> None:
     args = ap.parse_args()
     rng = random.Random(args.seed)
     async with tangram.AsyncClient(args.addr, name="coding-rollout", default_timeout=120) as tg:
-        results = await asyncio.gather(*(trajectory(tg, i, args.turns, random.Random(rng.random()))
-                                         for i in range(args.trajectories)))
+        results = await asyncio.gather(
+            *(trajectory(tg, i, args.turns, random.Random(rng.random())) for i in range(args.trajectories))
+        )
     for i, r in enumerate(results):
-        print(f"trajectory {i}: ACT {r['act_s']:.2f}s, test run {r['test_run_s']:.2f}s on {int(r['dop'])} cores, "
-              f"queued {r['queued_s'] * 1000:.1f}ms, overhead {r['overhead_s'] * 1000:.1f}ms")
+        print(
+            f"trajectory {i}: ACT {r['act_s']:.2f}s, "
+            f"test run {r['test_run_s']:.2f}s on {int(r['dop'])} cores, "
+            f"queued {r['queued_s'] * 1000:.1f}ms, overhead {r['overhead_s'] * 1000:.1f}ms"
+        )
     print(f"mean ACT {statistics.mean(r['act_s'] for r in results):.2f}s")
 
 

@@ -5,6 +5,7 @@ later calls find it resident. Start the cluster as in `coding_rollout.py`, then:
 
     TANGRAM_ADDR=tcp://127.0.0.1:7701 python examples/reward_call.py
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,14 +18,22 @@ def main() -> None:
     ap.add_argument("--addr", default=None, help="submit address (default: $TANGRAM_ADDR)")
     ap.add_argument("--service", default="reward")
     args = ap.parse_args()
-    samples = [("the cat sat on the mat", "a cat sat on the mat"), ("42", "the answer is 42"), ("no idea", "paris")]
+    samples = [
+        ("the cat sat on the mat", "a cat sat on the mat"),
+        ("42", "the answer is 42"),
+        ("no idea", "paris"),
+    ]
     with tangram.Client(args.addr, name="reward-example") as tg:
-        futures = [tg.submit(tg.call, args.service, {"response": r, "reference": ref}, gpus=1, timeout=60)
-                   for r, ref in samples]
-        for (response, _), fut in zip(samples, futures):
+        futures = [
+            tg.submit(tg.call, args.service, {"response": r, "reference": ref}, gpus=1, timeout=60)
+            for r, ref in samples
+        ]
+        for (response, _), fut in zip(samples, futures, strict=True):
             res = fut.result()
-            print(f"{response!r:28} score {res.value['score']:.3f}  node {res.node} gpus {list(res.gpus)} "
-                  f"restored {res.loaded}  run {res.run_s * 1000:.1f}ms  overhead {res.overhead_s * 1000:.1f}ms")
+            print(
+                f"{response!r:28} score {res.value['score']:.3f}  node {res.node} gpus {list(res.gpus)} "
+                f"restored {res.loaded}  run {res.run_s * 1000:.1f}ms  overhead {res.overhead_s * 1000:.1f}ms"
+            )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ Starts a controller (in this process) and one real agent (`python -m agent`, a s
 
 Figures only; nothing is asserted (the fast-path goals are a later issue).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,7 +43,7 @@ def _docker_url() -> str | None:
     except ImportError:
         return None
     url = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if url.startswith("unix://") and not os.path.exists(url[len("unix://"):]):
+    if url.startswith("unix://") and not os.path.exists(url[len("unix://") :]):
         return None
     try:
         client = docker.DockerClient(base_url=url, timeout=5)
@@ -55,8 +56,9 @@ def _docker_url() -> str | None:
     return url
 
 
-async def _bench_one(executor: str, n: int, clients: int, cpus: str, image: str | None,
-                     env: dict[str, str]) -> dict[str, Any]:
+async def _bench_one(
+    executor: str, n: int, clients: int, cpus: str, image: str | None, env: dict[str, str]
+) -> dict[str, Any]:
     import tangram
     from tangram_cli.controller.config import ControllerConfig
     from tangram_cli.controller.daemon import Controller, Options
@@ -65,9 +67,25 @@ async def _bench_one(executor: str, n: int, clients: int, cpus: str, image: str 
     controller = Controller(ControllerConfig(cluster="bench"), Options())
     controller.start()
     workdir = tempfile.mkdtemp(prefix="tangram-bench-")
-    argv = [sys.executable, "-m", "agent", "--controller", controller.agents_addr, "--name", "bench",
-            "--executor", executor, "--cpus", cpus, "--workdir", workdir, "--cluster", "bench",
-            "--log-level", "WARNING"]
+    argv = [
+        sys.executable,
+        "-m",
+        "agent",
+        "--controller",
+        controller.agents_addr,
+        "--name",
+        "bench",
+        "--executor",
+        executor,
+        "--cpus",
+        cpus,
+        "--workdir",
+        workdir,
+        "--cluster",
+        "bench",
+        "--log-level",
+        "WARNING",
+    ]
     if image:
         argv += ["--image", image]
     log = open(os.path.join(workdir, "agent.log"), "ab")  # noqa: SIM115 - closed below
@@ -78,8 +96,10 @@ async def _bench_one(executor: str, n: int, clients: int, cpus: str, image: str 
             if agent.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the agent did not register (see its log in " + workdir + ")")
             await asyncio.sleep(0.05)
-        async with tangram.AsyncClient(controller.submit_addr, name="bench-overhead") as tg, \
-                tg.sandbox(mem="256MiB") as sb:
+        async with (
+            tangram.AsyncClient(controller.submit_addr, name="bench-overhead") as tg,
+            tg.sandbox(mem="256MiB") as sb,
+        ):
             for _ in range(min(5, n)):  # warm-up: sandbox creation, first exec
                 await sb.exec("true", timeout=60)
             latency, overhead, ctl = [], [], []
@@ -90,16 +110,22 @@ async def _bench_one(executor: str, n: int, clients: int, cpus: str, image: str 
                 latency.append(total)
                 overhead.append(max(0.0, total - r.run_s))
                 ctl.append(r.overhead_s)
-        out.update({
-            "latency_p50_ms": _pct(latency, 0.5) * 1e3, "latency_p99_ms": _pct(latency, 0.99) * 1e3,
-            "overhead_p50_ms": _pct(overhead, 0.5) * 1e3, "overhead_p99_ms": _pct(overhead, 0.99) * 1e3,
-            "controller_overhead_p50_ms": _pct(ctl, 0.5) * 1e3,
-            "overhead_mean_ms": statistics.fmean(overhead) * 1e3 if overhead else float("nan"),
-        })
+        out.update(
+            {
+                "latency_p50_ms": _pct(latency, 0.5) * 1e3,
+                "latency_p99_ms": _pct(latency, 0.99) * 1e3,
+                "overhead_p50_ms": _pct(overhead, 0.5) * 1e3,
+                "overhead_p99_ms": _pct(overhead, 0.99) * 1e3,
+                "controller_overhead_p50_ms": _pct(ctl, 0.5) * 1e3,
+                "overhead_mean_ms": statistics.fmean(overhead) * 1e3 if overhead else float("nan"),
+            }
+        )
 
         async def worker(k: int, count: int) -> int:
-            async with tangram.AsyncClient(controller.submit_addr, name=f"bench-{k}") as c, \
-                    c.sandbox(mem="64MiB") as s:
+            async with (
+                tangram.AsyncClient(controller.submit_addr, name=f"bench-{k}") as c,
+                c.sandbox(mem="64MiB") as s,
+            ):
                 await s.exec("true", timeout=60)
                 for _ in range(count):
                     await s.exec("true", timeout=120)
@@ -109,8 +135,12 @@ async def _bench_one(executor: str, n: int, clients: int, cpus: str, image: str 
         t0 = time.perf_counter()
         done = await asyncio.gather(*(worker(k, c) for k, c in enumerate(per) if c))
         wall = time.perf_counter() - t0
-        out.update({"throughput_actions_per_s": sum(done) / wall if wall > 0 else float("nan"),
-                    "throughput_wall_s": wall})
+        out.update(
+            {
+                "throughput_actions_per_s": sum(done) / wall if wall > 0 else float("nan"),
+                "throughput_wall_s": wall,
+            }
+        )
     except Exception as exc:  # noqa: BLE001 - report per executor, keep going
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -134,8 +164,16 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title="tangram bench dispatch (no-op actions, one local agent)")
-    for col in ("executor", "n", "overhead p50", "overhead p99", "latency p50", "latency p99", "throughput",
-                "clients"):
+    for col in (
+        "executor",
+        "n",
+        "overhead p50",
+        "overhead p99",
+        "latency p50",
+        "latency p99",
+        "throughput",
+        "clients",
+    ):
         table.add_column(col, justify="left" if col == "executor" else "right")
     errors = []
     for r in rows:
@@ -143,9 +181,16 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
             table.add_row(r["executor"], str(r["n"]), "failed", "-", "-", "-", "-", str(r["clients"]))
             errors.append(f"{r['executor']}: {r['error']}")
             continue
-        table.add_row(r["executor"], str(r["n"]), f"{r['overhead_p50_ms']:.2f} ms", f"{r['overhead_p99_ms']:.2f} ms",
-                      f"{r['latency_p50_ms']:.2f} ms", f"{r['latency_p99_ms']:.2f} ms",
-                      f"{r['throughput_actions_per_s']:.0f} /s", str(r["clients"]))
+        table.add_row(
+            r["executor"],
+            str(r["n"]),
+            f"{r['overhead_p50_ms']:.2f} ms",
+            f"{r['overhead_p99_ms']:.2f} ms",
+            f"{r['latency_p50_ms']:.2f} ms",
+            f"{r['latency_p99_ms']:.2f} ms",
+            f"{r['throughput_actions_per_s']:.0f} /s",
+            str(r["clients"]),
+        )
     console = Console()
     console.print(table)
     for line in errors:
@@ -153,17 +198,34 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 
 
 @click.command("dispatch")
-@click.option("-n", "n", type=click.IntRange(1, 1_000_000), default=200, show_default=True,
-              help="No-op actions per measurement.")
-@click.option("--clients", type=click.IntRange(1, 1024), default=16, show_default=True,
-              help="Concurrent clients for the throughput run.")
-@click.option("--executor", "executors", type=click.Choice(["process", "docker"]), multiple=True,
-              help="Executor(s) to measure (default: process, and docker when dockerd answers).")
+@click.option(
+    "-n",
+    "n",
+    type=click.IntRange(1, 1_000_000),
+    default=200,
+    show_default=True,
+    help="No-op actions per measurement.",
+)
+@click.option(
+    "--clients",
+    type=click.IntRange(1, 1024),
+    default=16,
+    show_default=True,
+    help="Concurrent clients for the throughput run.",
+)
+@click.option(
+    "--executor",
+    "executors",
+    type=click.Choice(["process", "docker"]),
+    multiple=True,
+    help="Executor(s) to measure (default: process, and docker when dockerd answers).",
+)
 @click.option("--cpus", default=None, help="Cores the agent hands out (default: 0-1, or 0 on one core).")
 @click.option("--image", default=None, help="Sandbox image for the docker executor (default: the agent's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def dispatch(n: int, clients: int, executors: tuple[str, ...], cpus: str | None, image: str | None,
-             as_json: bool) -> None:
+def dispatch(
+    n: int, clients: int, executors: tuple[str, ...], cpus: str | None, image: str | None, as_json: bool
+) -> None:
     """Per-action overhead (p50/p99) and control-plane throughput, per executor."""
     import logging
 
@@ -184,8 +246,16 @@ def dispatch(n: int, clients: int, executors: tuple[str, ...], cpus: str | None,
     async def run_all() -> list[dict[str, Any]]:
         rows = []
         for ex in chosen:
-            rows.append(await _bench_one(ex, n, clients, cpus, image if ex == "docker" else None,
-                                         docker_env if ex == "docker" else {}))
+            rows.append(
+                await _bench_one(
+                    ex,
+                    n,
+                    clients,
+                    cpus,
+                    image if ex == "docker" else None,
+                    docker_env if ex == "docker" else {},
+                )
+            )
         return rows
 
     rows = asyncio.run(run_all())

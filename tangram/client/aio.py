@@ -20,6 +20,7 @@ Rules:
 3. Errors are `tangram.errors` classes mapped from wire codes, each with `.retryable`.
 4. Leaving a `sandbox()` or `api()` context closes it, idempotently, even on errors.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,22 @@ __all__ = ["ApiLease", "AsyncClient", "AsyncSandbox", "CallResult", "ExecResult"
 T = TypeVar("T")
 GRACE_S = 5.0  # how much longer than the budget the client waits for the controller's answer
 
-_UNITS = {"": 1 << 20, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+_UNITS = {
+    "": 1 << 20,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 10**6,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 10**9,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 10**12,
+    "tib": 1 << 40,
+}
 
 
 def parse_mem(mem: int | str | None) -> int:
@@ -107,8 +122,15 @@ def _budget_ms(timeout: float | None) -> int:
 
 
 class AsyncClient:
-    def __init__(self, addr: str | None = None, *, name: str | None = None, default_timeout: float | None = None,
-                 heartbeat_s: float = 1.0, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        addr: str | None = None,
+        *,
+        name: str | None = None,
+        default_timeout: float | None = None,
+        heartbeat_s: float = 1.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
         addr = addr or os.environ.get("TANGRAM_ADDR")
         if not addr:
             addr = _local_addr()
@@ -146,9 +168,15 @@ class AsyncClient:
     def _timeout(self, timeout: float | None) -> float | None:
         return self.default_timeout if timeout is None else timeout
 
-    async def _roundtrip(self, msg: protocol.Message, blobs: list[bytes] | tuple[bytes, ...] = (), *,
-                         timeout: float | None = None, idempotent: bool = False,
-                         cancellable: bool = True) -> protocol.Envelope:
+    async def _roundtrip(
+        self,
+        msg: protocol.Message,
+        blobs: list[bytes] | tuple[bytes, ...] = (),
+        *,
+        timeout: float | None = None,
+        idempotent: bool = False,
+        cancellable: bool = True,
+    ) -> protocol.Envelope:
         if not self._connected:
             raise ControllerUnreachable("the client is not connected: use `async with AsyncClient(...)`")
         try:
@@ -158,7 +186,7 @@ class AsyncClient:
         wait = None if timeout is None else timeout + GRACE_S
         try:
             return await asyncio.wait_for(asyncio.shield(pending.final), wait)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._cancel(pending)
             raise ActionTimeout(f"no answer within {timeout:g}s (+{GRACE_S:g}s grace)") from None
         except asyncio.CancelledError:
@@ -173,19 +201,37 @@ class AsyncClient:
         self._transport.send_raw(protocol.Cancel(pending.request_id), self._transport._next_rid())
 
     # ------------------------------------------------------------ API
-    def sandbox(self, image: str = "", mem: int | str | None = None, reserve: int = 0,
-                timeout: float | None = None, labels: Mapping[str, str] | None = None) -> _SandboxContext:
+    def sandbox(
+        self,
+        image: str = "",
+        mem: int | str | None = None,
+        reserve: int = 0,
+        timeout: float | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> _SandboxContext:
         """An async context manager opening one sandbox (one per trajectory)."""
         return _SandboxContext(self, image, parse_mem(mem), reserve, timeout, dict(labels or {}))
 
-    async def open_sandbox(self, image: str = "", mem: int | str | None = None, reserve: int = 0,
-                           timeout: float | None = None, labels: Mapping[str, str] | None = None) -> AsyncSandbox:
+    async def open_sandbox(
+        self,
+        image: str = "",
+        mem: int | str | None = None,
+        reserve: int = 0,
+        timeout: float | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> AsyncSandbox:
         msg = protocol.SandboxOpen(image, parse_mem(mem), reserve, float(timeout or 0.0), dict(labels or {}))
         env = await self._roundtrip(msg, timeout=self._timeout(timeout) if reserve else None, idempotent=True)
         return AsyncSandbox(self, str(env.msg.body["sandbox"]))  # type: ignore[attr-defined]
 
-    async def call(self, service: str, payload: Any, gpus: int | list[int] | tuple[int, ...] = 1,
-                   timeout: float | None = None, idempotent: bool = True) -> CallResult:
+    async def call(
+        self,
+        service: str,
+        payload: Any,
+        gpus: int | list[int] | tuple[int, ...] = 1,
+        timeout: float | None = None,
+        idempotent: bool = True,
+    ) -> CallResult:
         """Call GPU service `service` with a msgpack-able payload."""
         if isinstance(gpus, (list, tuple)):
             if not gpus:
@@ -196,13 +242,23 @@ class AsyncClient:
             blob = msgpack.packb(payload, use_bin_type=True)
         except (TypeError, ValueError) as exc:
             raise BadRequest(f"payload is not msgpack-serialisable: {exc}") from None
-        env = await self._roundtrip(protocol.Call(service, int(gpus), _budget_ms(timeout)), [blob],
-                                    timeout=timeout, idempotent=idempotent)
+        env = await self._roundtrip(
+            protocol.Call(service, int(gpus), _budget_ms(timeout)),
+            [blob],
+            timeout=timeout,
+            idempotent=idempotent,
+        )
         body = env.msg.body  # type: ignore[attr-defined]
         value = msgpack.unpackb(env.blobs[0], raw=False) if env.blobs else None
-        return CallResult(value, float(body.get("queued_s", 0)), float(body.get("run_s", 0)),
-                          float(body.get("overhead_s", 0)), str(body.get("node", "")),
-                          tuple(body.get("gpus", ())), bool(body.get("loaded", False)))
+        return CallResult(
+            value,
+            float(body.get("queued_s", 0)),
+            float(body.get("run_s", 0)),
+            float(body.get("overhead_s", 0)),
+            str(body.get("node", "")),
+            tuple(body.get("gpus", ())),
+            bool(body.get("loaded", False)),
+        )
 
     def api(self, name: str, timeout: float | None = None, units: int = 1) -> ApiLease:
         """An async context manager holding `units` of API `name`'s quota while inside it."""
@@ -217,8 +273,15 @@ class AsyncClient:
 
 
 class _SandboxContext:
-    def __init__(self, client: AsyncClient, image: str, mem: int, reserve: int, timeout: float | None,
-                 labels: dict[str, str]) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        image: str,
+        mem: int,
+        reserve: int,
+        timeout: float | None,
+        labels: dict[str, str],
+    ) -> None:
         self._args = (client, image, mem, reserve, timeout, labels)
         self._sandbox: AsyncSandbox | None = None
 
@@ -245,10 +308,18 @@ class AsyncSandbox:
     def __repr__(self) -> str:
         return f"AsyncSandbox({self.id!r})"
 
-    async def exec(self, cmd: str, cpus: int | tuple[int, int] = 1,
-                   elastic: str | Mapping[int, float] | None = None, duration_hint: float | None = None,
-                   timeout: float | None = None, env: Mapping[str, str] | None = None, check: bool = False,
-                   stdin: bytes | None = None, idempotent: bool = False) -> ExecResult:
+    async def exec(
+        self,
+        cmd: str,
+        cpus: int | tuple[int, int] = 1,
+        elastic: str | Mapping[int, float] | None = None,
+        duration_hint: float | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        check: bool = False,
+        stdin: bytes | None = None,
+        idempotent: bool = False,
+    ) -> ExecResult:
         """Run `cmd` (through `sh -c`) on `cpus` cores; `{dop}` becomes the granted core count."""
         if isinstance(cpus, (tuple, list)):
             if len(cpus) != 2:
@@ -266,20 +337,38 @@ class AsyncSandbox:
         elif elastic is not None:
             table = {str(int(k)): float(v) for k, v in dict(elastic).items()}
         timeout = self.client._timeout(timeout)
-        msg = protocol.Exec(self.id, cmd, lo, hi, profile, table, float(duration_hint or 0.0), dict(env or {}),
-                            _budget_ms(timeout), idempotent)
-        envl = await self.client._roundtrip(msg, [stdin] if stdin is not None else [], timeout=timeout,
-                                            idempotent=idempotent)
+        msg = protocol.Exec(
+            self.id,
+            cmd,
+            lo,
+            hi,
+            profile,
+            table,
+            float(duration_hint or 0.0),
+            dict(env or {}),
+            _budget_ms(timeout),
+            idempotent,
+        )
+        envl = await self.client._roundtrip(
+            msg, [stdin] if stdin is not None else [], timeout=timeout, idempotent=idempotent
+        )
         body = envl.msg.body  # type: ignore[attr-defined]
         out = envl.blobs[0] if len(envl.blobs) > 0 else b""
         err = envl.blobs[1] if len(envl.blobs) > 1 else b""
         result = ExecResult(
-            exit_code=int(body.get("exit_code", -1)), stdout=out.decode("utf-8", "replace"),
-            stderr=err.decode("utf-8", "replace"), truncated=bool(body.get("truncated", False)),
-            queued_s=float(body.get("queued_s", 0)), run_s=float(body.get("run_s", 0)),
-            overhead_s=float(body.get("overhead_s", 0)), node=str(body.get("node", "")),
-            cores=tuple(body.get("cores", ())), dop=int(body.get("dop", 0) or 0), stdout_bytes=out,
-            stderr_bytes=err)
+            exit_code=int(body.get("exit_code", -1)),
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            truncated=bool(body.get("truncated", False)),
+            queued_s=float(body.get("queued_s", 0)),
+            run_s=float(body.get("run_s", 0)),
+            overhead_s=float(body.get("overhead_s", 0)),
+            node=str(body.get("node", "")),
+            cores=tuple(body.get("cores", ())),
+            dop=int(body.get("dop", 0) or 0),
+            stdout_bytes=out,
+            stderr_bytes=err,
+        )
         if check and result.exit_code != 0:
             raise NonZeroExit(f"command exited {result.exit_code}: {cmd[:80]}", result=result)
         return result
@@ -290,12 +379,14 @@ class AsyncSandbox:
 
     async def put(self, path: str, data: bytes | str, timeout: float | None = None) -> None:
         blob = data.encode() if isinstance(data, str) else bytes(data)
-        await self.client._roundtrip(protocol.Put(self.id, path), [blob], timeout=self.client._timeout(timeout),
-                                     idempotent=True)
+        await self.client._roundtrip(
+            protocol.Put(self.id, path), [blob], timeout=self.client._timeout(timeout), idempotent=True
+        )
 
     async def get(self, path: str, timeout: float | None = None) -> bytes:
-        env = await self.client._roundtrip(protocol.Get(self.id, path), timeout=self.client._timeout(timeout),
-                                           idempotent=True)
+        env = await self.client._roundtrip(
+            protocol.Get(self.id, path), timeout=self.client._timeout(timeout), idempotent=True
+        )
         return env.blobs[0] if env.blobs else b""
 
     async def close(self) -> None:
@@ -324,8 +415,9 @@ class ApiLease:
         self.expires_in_s = 0.0
 
     async def acquire(self) -> ApiLease:
-        env = await self.client._roundtrip(protocol.Lease(self.api, self.units, _budget_ms(self.timeout)),
-                                           timeout=self.timeout)
+        env = await self.client._roundtrip(
+            protocol.Lease(self.api, self.units, _budget_ms(self.timeout)), timeout=self.timeout
+        )
         body = env.msg.body  # type: ignore[attr-defined]
         self.lease = str(body["lease"])
         self.queued_s = float(body.get("queued_s", 0.0))
@@ -359,7 +451,9 @@ def _local_addr() -> str:
         with open(path, encoding="utf-8") as fh:
             state = json.load(fh)
     except (OSError, ValueError):
-        raise ClusterNotFound("no controller address: pass one, set TANGRAM_ADDR, or start `tangram up`") from None
+        raise ClusterNotFound(
+            "no controller address: pass one, set TANGRAM_ADDR, or start `tangram up`"
+        ) from None
     addr = state.get("submit_addr") or (state.get("controller") or {}).get("submit_addr")
     if not isinstance(addr, str):
         raise ClusterNotFound(f"{path} names no submit address")

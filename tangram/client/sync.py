@@ -10,10 +10,12 @@ thread and connection on first use (the parent's sockets are never touched).
             r = env.exec("python3 -c 'print(6*7)'", cpus=1, timeout=60)
         futs = [tg.submit(tg.call, "reward", {"text": t}) for t in texts]   # concurrent.futures
 """
+
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Coroutine, Mapping
@@ -53,10 +55,21 @@ class _LoopThread:
 
 
 class Client:
-    def __init__(self, addr: str | None = None, *, name: str | None = None, default_timeout: float | None = None,
-                 heartbeat_s: float = 1.0, connect_timeout: float = 10.0) -> None:
-        self._kwargs = {"name": name, "default_timeout": default_timeout, "heartbeat_s": heartbeat_s,
-                        "connect_timeout": connect_timeout}
+    def __init__(
+        self,
+        addr: str | None = None,
+        *,
+        name: str | None = None,
+        default_timeout: float | None = None,
+        heartbeat_s: float = 1.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self._kwargs = {
+            "name": name,
+            "default_timeout": default_timeout,
+            "heartbeat_s": heartbeat_s,
+            "connect_timeout": connect_timeout,
+        }
         self._addr = addr
         self._lock = threading.Lock()
         self._loop: _LoopThread | None = None
@@ -109,10 +122,8 @@ class Client:
             pool.shutdown(wait=True)
         if loop is not None:
             if client is not None:
-                try:
+                with contextlib.suppress(Exception):  # closing is best effort
                     loop.run(client.close())
-                except Exception:  # noqa: BLE001, S110 - closing is best effort
-                    pass
             loop.stop()
 
     def __enter__(self) -> Client:
@@ -126,14 +137,22 @@ class Client:
         return loop.run(make(client))
 
     # ------------------------------------------------------------ API
-    def sandbox(self, image: str = "", mem: int | str | None = None, reserve: int = 0,
-                timeout: float | None = None, labels: Mapping[str, str] | None = None) -> Sandbox:
+    def sandbox(
+        self,
+        image: str = "",
+        mem: int | str | None = None,
+        reserve: int = 0,
+        timeout: float | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Sandbox:
         """Open a sandbox; use it as a context manager so it closes on exit."""
         mib = parse_mem(mem)
         sb = self._run(lambda c: c.open_sandbox(image, mib, reserve, timeout, labels))
         return Sandbox(self, sb)
 
-    def call(self, service: str, payload: Any, gpus: int | list[int] = 1, timeout: float | None = None) -> CallResult:
+    def call(
+        self, service: str, payload: Any, gpus: int | list[int] = 1, timeout: float | None = None
+    ) -> CallResult:
         return self._run(lambda c: c.call(service, payload, gpus=gpus, timeout=timeout))
 
     def api(self, name: str, timeout: float | None = None, units: int = 1) -> Lease:
@@ -144,7 +163,9 @@ class Client:
         return a `concurrent.futures.Future` (fan-out without your own threads)."""
         with self._lock:
             if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tangram-submit")
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=64, thread_name_prefix="tangram-submit"
+                )
             pool = self._pool
         return pool.submit(fn, *args, **kwargs)
 
@@ -158,11 +179,29 @@ class Sandbox:
     def __repr__(self) -> str:
         return f"Sandbox({self.id!r})"
 
-    def exec(self, cmd: str, cpus: int | tuple[int, int] = 1, elastic: str | Mapping[int, float] | None = None,
-             duration_hint: float | None = None, timeout: float | None = None, env: Mapping[str, str] | None = None,
-             check: bool = False, stdin: bytes | None = None) -> ExecResult:
-        return self._owner._run(lambda c: self._sb.exec(cmd, cpus=cpus, elastic=elastic, duration_hint=duration_hint,
-                                                         timeout=timeout, env=env, check=check, stdin=stdin))
+    def exec(
+        self,
+        cmd: str,
+        cpus: int | tuple[int, int] = 1,
+        elastic: str | Mapping[int, float] | None = None,
+        duration_hint: float | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        check: bool = False,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        return self._owner._run(
+            lambda c: self._sb.exec(
+                cmd,
+                cpus=cpus,
+                elastic=elastic,
+                duration_hint=duration_hint,
+                timeout=timeout,
+                env=env,
+                check=check,
+                stdin=stdin,
+            )
+        )
 
     def put(self, path: str, data: bytes | str, timeout: float | None = None) -> None:
         self._owner._run(lambda c: self._sb.put(path, data, timeout=timeout))
@@ -200,4 +239,3 @@ class Lease:
         if self._lease is not None:
             lease, self._lease = self._lease, None
             self._owner._run(lambda c: lease.release())
-

@@ -13,6 +13,7 @@
   idempotent fail with `NodeLost` instead of being run a second time.
 - Depends only on pyzmq, msgpack and tangram.protocol / tangram.errors.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,7 +45,9 @@ class Pending:
 
 
 class Transport:
-    def __init__(self, addr: str, name: str, *, heartbeat_s: float = 1.0, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self, addr: str, name: str, *, heartbeat_s: float = 1.0, connect_timeout: float = 10.0
+    ) -> None:
         self.addr = addr
         self.name = name
         self.heartbeat_s = heartbeat_s
@@ -88,10 +91,11 @@ class Transport:
         self._send_hello()
         try:
             welcome = await asyncio.wait_for(asyncio.shield(self._welcome), self.connect_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self.close()
             raise ControllerUnreachable(
-                f"no answer from the controller at {self.addr} within {self.connect_timeout:g}s") from None
+                f"no answer from the controller at {self.addr} within {self.connect_timeout:g}s"
+            ) from None
         except TangramError:
             await self.close()
             raise
@@ -122,8 +126,14 @@ class Transport:
         self._rid = (self._rid + 1) & ((1 << 63) - 1)
         return self._rid
 
-    def request(self, msg: protocol.Message, blobs: Sequence[bytes] = (), *, idempotent: bool = False,
-                request_id: int | None = None) -> Pending:
+    def request(
+        self,
+        msg: protocol.Message,
+        blobs: Sequence[bytes] = (),
+        *,
+        idempotent: bool = False,
+        request_id: int | None = None,
+    ) -> Pending:
         """Queue `msg`; the returned Pending's futures carry the replies. Raises ProtocolError
         (BadRequest-like) when the message would not decode on the controller."""
         if self._closed:
@@ -147,8 +157,12 @@ class Transport:
 
     def _send_hello(self) -> None:
         self._hello_rid = self._next_rid()
-        self._out.put_nowait(protocol.encode(
-            protocol.Hello("client", self.name, protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR), self._hello_rid))
+        self._out.put_nowait(
+            protocol.encode(
+                protocol.Hello("client", self.name, protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR),
+                self._hello_rid,
+            )
+        )
 
     # ------------------------------------------------------------ the owner task
     async def _own(self) -> None:
@@ -162,8 +176,9 @@ class Transport:
                     recv = asyncio.ensure_future(sock.recv_multipart())
                 if get is None:
                     get = asyncio.ensure_future(self._out.get())
-                done, _ = await asyncio.wait({recv, get}, timeout=self.heartbeat_s / 2,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {recv, get}, timeout=self.heartbeat_s / 2, return_when=asyncio.FIRST_COMPLETED
+                )
                 if get in done:
                     frames = get.result()
                     get = None
@@ -241,8 +256,11 @@ class Transport:
             if restarted and not p.idempotent:
                 self._pending.pop(rid, None)
                 if not p.final.done():
-                    p.final.set_exception(NodeLost(
-                        "the controller restarted; the request's outcome is unknown and it was not resent"))
+                    p.final.set_exception(
+                        NodeLost(
+                            "the controller restarted; the request's outcome is unknown and it was not resent"
+                        )
+                    )
                     continue
             self._out.put_nowait(p.frames)
 

@@ -1,29 +1,73 @@
 """`tangram controller`: run the controller in the foreground (`tangram up` starts it detached)."""
+
 from __future__ import annotations
 
 import click
 
 
 @click.command("controller")
-@click.option("--bind", default="127.0.0.1", show_default=True, help="Address to bind (loopback only for now).")
-@click.option("--agents-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Port for agents (0: pick a free one).")
-@click.option("--submit-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Port for clients (0: pick a free one).")
-@click.option("--status-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Port for `tangram status` (0: pick a free one).")
-@click.option("--journal", type=click.Path(dir_okay=False), default=None, help="Append every event and command here.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="Resolved configuration (services, APIs, profiles, scheduler) as JSON.")
-@click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
-              help="Write the chosen ports here as JSON once the sockets are bound.")
-@click.option("--client-grace", type=click.FloatRange(0.05, 86400), default=None,
-              help="Seconds a silent client keeps its sandboxes and leases (default 60).")
-@click.option("--heartbeat", type=click.FloatRange(0.01, 60), default=None, help="Heartbeat interval in seconds.")
+@click.option(
+    "--bind", default="127.0.0.1", show_default=True, help="Address to bind (loopback only for now)."
+)
+@click.option(
+    "--agents-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Port for agents (0: pick a free one).",
+)
+@click.option(
+    "--submit-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Port for clients (0: pick a free one).",
+)
+@click.option(
+    "--status-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Port for `tangram status` (0: pick a free one).",
+)
+@click.option(
+    "--journal", type=click.Path(dir_okay=False), default=None, help="Append every event and command here."
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Resolved configuration (services, APIs, profiles, scheduler) as JSON.",
+)
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the chosen ports here as JSON once the sockets are bound.",
+)
+@click.option(
+    "--client-grace",
+    type=click.FloatRange(0.05, 86400),
+    default=None,
+    help="Seconds a silent client keeps its sandboxes and leases (default 60).",
+)
+@click.option(
+    "--heartbeat", type=click.FloatRange(0.01, 60), default=None, help="Heartbeat interval in seconds."
+)
 @click.option("--cluster", default=None, help="Cluster name (default: from --config, else 'local').")
-def command(bind: str, agents_port: int, submit_port: int, status_port: int, journal: str | None,
-            config_path: str | None, ready_file: str | None, client_grace: float | None, heartbeat: float | None,
-            cluster: str | None) -> None:
+def command(
+    bind: str,
+    agents_port: int,
+    submit_port: int,
+    status_port: int,
+    journal: str | None,
+    config_path: str | None,
+    ready_file: str | None,
+    client_grace: float | None,
+    heartbeat: float | None,
+    cluster: str | None,
+) -> None:
     """Run the controller in the foreground.
 
     Prints one JSON line with the bound ports ({"agents", "submit", "status", "pid", ...}).
@@ -50,6 +94,12 @@ def command(bind: str, agents_port: int, submit_port: int, status_port: int, jou
         changes["cluster"] = cluster
     if changes:
         config = dataclasses.replace(config, **changes)
-    options = Options(bind=bind, agents_port=agents_port, submit_port=submit_port, status_port=status_port,
-                      journal=journal, ready_file=ready_file)
+    options = Options(
+        bind=bind,
+        agents_port=agents_port,
+        submit_port=submit_port,
+        status_port=status_port,
+        journal=journal,
+        ready_file=ready_file,
+    )
     raise SystemExit(run_controller(config, options))

@@ -18,6 +18,7 @@ Rules (docs/protocol.md, "Controller <-> agent contract" and "Controller behavio
 5. An agent's result becomes `ActionFinished` for the core; the client reply is sent when the
    core answers with `Done` (so cores are free again before the client hears back).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -66,8 +67,9 @@ class Agent:
 
 
 def _ints(value: object, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 16
-                                              for v in value):
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 16 for v in value
+    ):
         raise ValueError(f"facts.{where} must be a list of core numbers")
     if len(set(value)) != len(value):
         raise ValueError(f"facts.{where} repeats a core")
@@ -93,13 +95,25 @@ def node_event(name: str, facts: dict[str, Any]) -> ev.NodeJoined:
         ints[key] = v
     if ints["gpus"] > 64:
         raise ValueError("facts.gpus above 64")
-    return ev.NodeJoined(name, cpus=cpus, numa=numa, mem_mib=ints["mem_mib"], gpus=ints["gpus"],
-                         gpu_mem_mib=ints["gpu_mem_mib"])
+    return ev.NodeJoined(
+        name,
+        cpus=cpus,
+        numa=numa,
+        mem_mib=ints["mem_mib"],
+        gpus=ints["gpus"],
+        gpu_mem_mib=ints["gpu_mem_mib"],
+    )
 
 
 class AgentLink:
-    def __init__(self, sock: zmq.asyncio.Socket, post: Post, registry: Registry, config: ControllerConfig,
-                 controller_epoch: int) -> None:
+    def __init__(
+        self,
+        sock: zmq.asyncio.Socket,
+        post: Post,
+        registry: Registry,
+        config: ControllerConfig,
+        controller_epoch: int,
+    ) -> None:
         self.sock = sock
         self.post = post  # Driver.post
         self.registry = registry
@@ -129,14 +143,16 @@ class AgentLink:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("agent task failed: %r", exc, exc_info=exc)
 
-    def _send(self, agent: Agent, msg: protocol.Message, rid: int = 0, blobs: tuple[bytes, ...] | list[bytes] = ()
-              ) -> bool:
+    def _send(
+        self, agent: Agent, msg: protocol.Message, rid: int = 0, blobs: tuple[bytes, ...] | list[bytes] = ()
+    ) -> bool:
         ok = send_now(self.sock, encode_to(agent.ident, msg, rid, blobs))
         agent.last_sent = time.monotonic()
         return ok
 
-    def request(self, node: str, msg: protocol.Message, blobs: tuple[bytes, ...] | list[bytes] = ()
-                ) -> asyncio.Future[protocol.Envelope]:
+    def request(
+        self, node: str, msg: protocol.Message, blobs: tuple[bytes, ...] | list[bytes] = ()
+    ) -> asyncio.Future[protocol.Envelope]:
         """Send `msg` to `node`; the future resolves with the agent's reply envelope (Result or
         Error) or fails with NodeLost."""
         fut: asyncio.Future[protocol.Envelope] = asyncio.get_running_loop().create_future()
@@ -157,7 +173,7 @@ class AgentLink:
             frames = await self.sock.recv_multipart()
             try:
                 self._on_frames(frames)
-            except Exception:  # noqa: BLE001 - one bad peer must not stop the link
+            except Exception:
                 log.exception("agent message handling failed")
 
     def _on_frames(self, frames: list[bytes]) -> None:
@@ -191,7 +207,9 @@ class AgentLink:
             fut = self._byes.get(agent.name)
             if fut is not None and not fut.done():
                 fut.set_result(None)
-            self._lose(agent, f"agent said bye: {msg.reason}" if msg.reason else "agent said bye", state="down")
+            self._lose(
+                agent, f"agent said bye: {msg.reason}" if msg.reason else "agent said bye", state="down"
+            )
         else:
             log.info("unexpected %s from agent %s", msg.NAME, agent.name)
 
@@ -228,16 +246,31 @@ class AgentLink:
             old.restarts += 1
             self._lose(old, "agent restarted")
         self._epochs += 1
-        agent = Agent(hello.name, ident, dict(hello.facts), self._epochs,
-                      restarts=old.restarts if old is not None else 0)
+        agent = Agent(
+            hello.name,
+            ident,
+            dict(hello.facts),
+            self._epochs,
+            restarts=old.restarts if old is not None else 0,
+        )
         if old is not None and old.ident != ident:
             self.by_ident.pop(old.ident, None)
         self.agents[hello.name] = agent
         self.by_ident[ident] = hello.name
-        self._send(agent, protocol.Welcome(protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR, self.epoch,
-                                           agent.agent_epoch, self.hb), rid)
-        log.info("agent %s joined (epoch %d): %d cpus, %d gpus", hello.name, agent.agent_epoch, len(joined.cpus),
-                 joined.gpus)
+        self._send(
+            agent,
+            protocol.Welcome(
+                protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR, self.epoch, agent.agent_epoch, self.hb
+            ),
+            rid,
+        )
+        log.info(
+            "agent %s joined (epoch %d): %d cpus, %d gpus",
+            hello.name,
+            agent.agent_epoch,
+            len(joined.cpus),
+            joined.gpus,
+        )
         self.post(joined)
         for sandbox in hello.sandboxes:
             rec = self.registry.sandboxes.get(sandbox)
@@ -298,7 +331,9 @@ class AgentLink:
     async def _create(self, c: cmd.CreateSandbox, rec: Any) -> None:
         labels = {"tangram.cluster": self.config.cluster[:256], "tangram.sandbox": c.sandbox}
         try:
-            env = await self.request(c.node, protocol.CreateSandbox(c.sandbox, c.image or rec.image, c.mem_mib, labels))
+            env = await self.request(
+                c.node, protocol.CreateSandbox(c.sandbox, c.image or rec.image, c.mem_mib, labels)
+            )
             if isinstance(env.msg, protocol.Error):
                 raise SandboxLost(f"sandbox {c.sandbox} could not be created on {c.node}: {env.msg.message}")
             puts, rec.pending_puts, rec.pending_bytes = rec.pending_puts, [], 0
@@ -308,7 +343,9 @@ class AgentLink:
                     log.warning("queued put %s into %s failed: %s", path, c.sandbox, env.msg.message)
         except Exception as exc:  # noqa: BLE001
             if not rec.ready.done():
-                rec.ready.set_exception(exc if isinstance(exc, (SandboxLost, NodeLost)) else SandboxLost(str(exc)))
+                rec.ready.set_exception(
+                    exc if isinstance(exc, (SandboxLost, NodeLost)) else SandboxLost(str(exc))
+                )
             return
         if not rec.ready.done():
             rec.ready.set_result(None)
@@ -336,8 +373,18 @@ class AgentLink:
                 raise asyncio.CancelledError  # killed before it was sent: nothing ran
             agent = self.agents.get(c.node)
             timeout_s = max(0.001, rec.deadline - time.monotonic())
-            msg = protocol.Spawn(c.action_id, c.sandbox, rec.cmd, list(c.cores), c.dop, rec.env, timeout_s,
-                                 1, self.epoch, agent.agent_epoch if agent else 0)
+            msg = protocol.Spawn(
+                c.action_id,
+                c.sandbox,
+                rec.cmd,
+                list(c.cores),
+                c.dop,
+                rec.env,
+                timeout_s,
+                1,
+                self.epoch,
+                agent.agent_epoch if agent else 0,
+            )
             if sb is not None:
                 sb.busy += 1
             try:
@@ -419,8 +466,13 @@ class AgentLink:
         before = agent.gpu_tail if agent is not None else None
         self._spawn_task(self._invoke(c, rec, before, load))
 
-    async def _invoke(self, c: cmd.Invoke, rec: ActionRecord, before: asyncio.Future[None] | None,
-                      load: asyncio.Future[None] | None) -> None:
+    async def _invoke(
+        self,
+        c: cmd.Invoke,
+        rec: ActionRecord,
+        before: asyncio.Future[None] | None,
+        load: asyncio.Future[None] | None,
+    ) -> None:
         if before is not None:
             await asyncio.shield(before)
         failed = getattr(load, "failed", {}) if load is not None else {}
@@ -430,8 +482,15 @@ class AgentLink:
             return
         agent = self.agents.get(c.node)
         timeout_s = max(0.001, rec.deadline - time.monotonic())
-        msg = protocol.Invoke(c.action_id, c.service, list(range(c.start, c.end)), timeout_s, 1, self.epoch,
-                              agent.agent_epoch if agent else 0)
+        msg = protocol.Invoke(
+            c.action_id,
+            c.service,
+            list(range(c.start, c.end)),
+            timeout_s,
+            1,
+            self.epoch,
+            agent.agent_epoch if agent else 0,
+        )
         try:
             env = await self.request(c.node, msg, [rec.payload])
         except NodeLost:
@@ -445,8 +504,9 @@ class AgentLink:
         self.post(ev.ActionFinished(c.action_id, ok=True))
 
     # ------------------------------------------------------------ files
-    async def file_request(self, sandbox: str, msg: protocol.Message, blobs: list[bytes] = ()
-                           ) -> protocol.Envelope:  # type: ignore[assignment]
+    async def file_request(
+        self, sandbox: str, msg: protocol.Message, blobs: list[bytes] = ()
+    ) -> protocol.Envelope:  # type: ignore[assignment]
         rec = self.registry.sandboxes[sandbox]
         if rec.ready is not None:
             await asyncio.shield(rec.ready)
@@ -474,25 +534,27 @@ class AgentLink:
         out = []
         for a in sorted(self.agents.values(), key=lambda a: a.name):
             f = a.facts
-            out.append({
-                "node": a.name,
-                "agent_state": a.state,
-                "heartbeat_age_s": round(now - a.last_seen, 3),
-                "connected_s": round(now - a.joined, 3),
-                "agent_epoch": a.agent_epoch,
-                "restarts": a.restarts,
-                "reason": a.reason,
-                "executor": str(f.get("executor", "")),
-                "docker": bool(f.get("docker", False)),
-                "cgroup": str(f.get("cgroup", "")),
-                "hostname": str(f.get("hostname", "")),
-                "pid": f.get("pid") if isinstance(f.get("pid"), int) else None,
-                "version": str(f.get("version", "")),
-                "numa": f.get("numa") if isinstance(f.get("numa"), list) else [],
-                "idle_cpus": f.get("idle_cpus") if isinstance(f.get("idle_cpus"), list) else [],
-                "gpu_uuids": f.get("gpu_uuids") if isinstance(f.get("gpu_uuids"), list) else [],
-                "inflight_requests": len(a.pending),
-            })
+            out.append(
+                {
+                    "node": a.name,
+                    "agent_state": a.state,
+                    "heartbeat_age_s": round(now - a.last_seen, 3),
+                    "connected_s": round(now - a.joined, 3),
+                    "agent_epoch": a.agent_epoch,
+                    "restarts": a.restarts,
+                    "reason": a.reason,
+                    "executor": str(f.get("executor", "")),
+                    "docker": bool(f.get("docker", False)),
+                    "cgroup": str(f.get("cgroup", "")),
+                    "hostname": str(f.get("hostname", "")),
+                    "pid": f.get("pid") if isinstance(f.get("pid"), int) else None,
+                    "version": str(f.get("version", "")),
+                    "numa": f.get("numa") if isinstance(f.get("numa"), list) else [],
+                    "idle_cpus": f.get("idle_cpus") if isinstance(f.get("idle_cpus"), list) else [],
+                    "gpu_uuids": f.get("gpu_uuids") if isinstance(f.get("gpu_uuids"), list) else [],
+                    "inflight_requests": len(a.pending),
+                }
+            )
         return out
 
 

@@ -11,9 +11,10 @@ The file is what `tangram up` writes after resolving an inventory; every key is 
      "profiles": {"pytest": {"efficiency": {"1": 1.0, "2": 0.97}}, "synthetic": {"serial_fraction": 0.05}}}
 
 Services become `ServiceDefined` events and `Prepare` messages to GPU agents (the Prepare
-`spec` is the service mapping's `PREPARE_KEYS`; scheduling keys stay on the controller); APIs become `ApiDefined` events; profiles name elasticity tables
-that `exec(elastic="pytest")` refers to.
+`spec` is the service mapping's `PREPARE_KEYS`; scheduling keys stay on the controller); APIs
+become `ApiDefined` events; profiles name elasticity tables that `exec(elastic="pytest")` uses.
 """
+
 from __future__ import annotations
 
 import json
@@ -70,7 +71,12 @@ class ControllerConfig:
 
 
 def _num(value: object, where: str, lo: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < lo:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < lo
+    ):
         raise ConfigError(f"{where}: expected a number >= {lo}, got {value!r}")
     return float(value)
 
@@ -108,16 +114,20 @@ def parse_config(raw: dict[str, Any]) -> ControllerConfig:
         where = f"services[{i}]"
         if not isinstance(s, dict) or not isinstance(s.get("name"), str):
             raise ConfigError(f"{where}: expected a mapping with a `name`")
-        sizes = tuple(_int(c, f"{where}.chunk_sizes", 1) for c in s.get("chunk_sizes") or s.get("gpus") or (1,))
+        sizes = tuple(
+            _int(c, f"{where}.chunk_sizes", 1) for c in s.get("chunk_sizes") or s.get("gpus") or (1,)
+        )
         t_ori = s.get("t_ori")
-        services.append(ServiceConf(
-            name=s["name"],
-            gpu_mem_mib=_int(s.get("gpu_mem_mib", 0), f"{where}.gpu_mem_mib"),
-            chunk_sizes=sizes,
-            load_s=_num(s.get("load_s", 0.0), f"{where}.load_s"),
-            t_ori=None if t_ori is None else _num(t_ori, f"{where}.t_ori"),
-            spec={k: v for k, v in json.loads(json.dumps(s)).items() if k in PREPARE_KEYS},
-        ))
+        services.append(
+            ServiceConf(
+                name=s["name"],
+                gpu_mem_mib=_int(s.get("gpu_mem_mib", 0), f"{where}.gpu_mem_mib"),
+                chunk_sizes=sizes,
+                load_s=_num(s.get("load_s", 0.0), f"{where}.load_s"),
+                t_ori=None if t_ori is None else _num(t_ori, f"{where}.t_ori"),
+                spec={k: v for k, v in json.loads(json.dumps(s)).items() if k in PREPARE_KEYS},
+            )
+        )
     apis = []
     for i, a in enumerate(raw.get("apis") or ()):
         where = f"apis[{i}]"
@@ -126,8 +136,14 @@ def parse_config(raw: dict[str, Any]) -> ControllerConfig:
         mode = a.get("mode", "concurrency")
         if mode not in ("concurrency", "quota"):
             raise ConfigError(f"{where}.mode: expected concurrency or quota, got {mode!r}")
-        apis.append(ApiConf(a["name"], mode, _int(a.get("limit", 1), f"{where}.limit", 1),
-                            _num(a.get("period_s", 60.0), f"{where}.period_s")))
+        apis.append(
+            ApiConf(
+                a["name"],
+                mode,
+                _int(a.get("limit", 1), f"{where}.limit", 1),
+                _num(a.get("period_s", 60.0), f"{where}.period_s"),
+            )
+        )
     profiles = dict(BUILTIN_PROFILES)
     for name, prof in (raw.get("profiles") or {}).items():
         profiles[name] = _profile(name, prof)

@@ -12,6 +12,7 @@ picks a free port), prints one JSON line `{"agents": P, "submit": P, "status": P
 SIGINT/SIGTERM (agents keep running; they reconnect to the next controller) or SIGUSR1 (the
 `tangram down` path: `Shutdown("down")` to every agent, which then removes its sandboxes).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -69,14 +70,17 @@ class Controller:
         self.submit_sock, self.submit_port = make_router(self.ctx, o.bind, o.submit_port)
         self.status_sock, self.status_port = make_router(self.ctx, o.bind, o.status_port)
         self.agents = AgentLink(self.agents_sock, self.driver.post, self.registry, self.config, self.epoch)
-        self.gateway = Gateway(self.submit_sock, self.driver.post, self.registry, self.agents, self.config,
-                               self.epoch)
+        self.gateway = Gateway(
+            self.submit_sock, self.driver.post, self.registry, self.agents, self.config, self.epoch
+        )
         self.status = StatusServer(self.status_sock, self._records)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopped = asyncio.Event()
         self.down_requested = False
         for svc in self.config.services:
-            self.driver.step(ev.ServiceDefined(svc.name, svc.gpu_mem_mib, svc.chunk_sizes, svc.load_s, svc.t_ori))
+            self.driver.step(
+                ev.ServiceDefined(svc.name, svc.gpu_mem_mib, svc.chunk_sizes, svc.load_s, svc.t_ori)
+            )
         for api in self.config.apis:
             self.driver.step(ev.ApiDefined(api.name, api.mode, api.limit, api.period_s))
 
@@ -97,9 +101,18 @@ class Controller:
         return f"tcp://{self._host()}:{self.status_port}"
 
     def ready_info(self) -> dict[str, Any]:
-        return {"agents": self.agents_port, "submit": self.submit_port, "status": self.status_port,
-                "bind": self._host(), "pid": os.getpid(), "epoch": self.epoch, "cluster": self.config.cluster,
-                "submit_addr": self.submit_addr, "agents_addr": self.agents_addr, "status_addr": self.status_addr}
+        return {
+            "agents": self.agents_port,
+            "submit": self.submit_port,
+            "status": self.status_port,
+            "bind": self._host(),
+            "pid": os.getpid(),
+            "epoch": self.epoch,
+            "cluster": self.config.cluster,
+            "submit_addr": self.submit_addr,
+            "agents_addr": self.agents_addr,
+            "status_addr": self.status_addr,
+        }
 
     # ------------------------------------------------------------ dispatch (driver task only)
     def dispatch(self, event: ev.Event, commands: list[cmd.Command]) -> None:
@@ -152,18 +165,34 @@ class Controller:
     def _records(self, sections: list[str], limit: int) -> dict[str, Any]:
         counters = {**self.gateway.counters, **self.agents.counters}
         return build_records(
-            self.core, sections=sections, limit=limit, cluster=self.config.cluster, epoch=self.epoch,
+            self.core,
+            sections=sections,
+            limit=limit,
+            cluster=self.config.cluster,
+            epoch=self.epoch,
             started=self.started,
             addresses={"agents": self.agents_addr, "submit": self.submit_addr, "status": self.status_addr},
-            agent_rows=self.agents.rows(), client_rows=self.gateway.rows(),
-            sandboxes=list(self.registry.sandboxes.values()), actions=self.registry.actions, counters=counters,
-            wait_p50=self.registry.wait_p50(), loop_lag_s=round(self.driver.loop_lag_s, 6),
-            events=self.driver.handled, services_conf=list(self.config.services))
+            agent_rows=self.agents.rows(),
+            client_rows=self.gateway.rows(),
+            sandboxes=list(self.registry.sandboxes.values()),
+            actions=self.registry.actions,
+            counters=counters,
+            wait_p50=self.registry.wait_p50(),
+            loop_lag_s=round(self.driver.loop_lag_s, 6),
+            events=self.driver.handled,
+            services_conf=list(self.config.services),
+        )
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        for coro in (self.driver.run(), self.agents.run(), self.agents.liveness(), self.gateway.run(),
-                     self.gateway.liveness(), self.status.run()):
+        for coro in (
+            self.driver.run(),
+            self.agents.run(),
+            self.agents.liveness(),
+            self.gateway.run(),
+            self.gateway.liveness(),
+            self.status.run(),
+        ):
             task = asyncio.ensure_future(coro)
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
@@ -224,8 +253,13 @@ async def serve(config: ControllerConfig, options: Options, *, print_ready: bool
         write_ready(options.ready_file, info)
     if print_ready:
         print(json.dumps(info), flush=True)
-    log.info("controller %s up: agents %s, submit %s, status %s", config.cluster, controller.agents_addr,
-             controller.submit_addr, controller.status_addr)
+    log.info(
+        "controller %s up: agents %s, submit %s, status %s",
+        config.cluster,
+        controller.agents_addr,
+        controller.submit_addr,
+        controller.status_addr,
+    )
     try:
         await controller.wait_stopped()
     finally:
@@ -237,6 +271,7 @@ async def serve(config: ControllerConfig, options: Options, *, print_ready: bool
 
 
 def run_controller(config: ControllerConfig, options: Options) -> int:
-    logging.basicConfig(level=os.environ.get("TANGRAM_LOG", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("TANGRAM_LOG", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     return asyncio.run(serve(config, options))

@@ -12,6 +12,7 @@ Rules:
 4. `dispatch(event, commands)` must not block: it sends messages without waiting and starts
    tasks for anything that has to wait (sandbox creation, GPU load order).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -67,6 +68,7 @@ def _plain(value: object) -> object:
 
 def record_of(t: float, seq: int, event: ev.Event, commands: list[Command]) -> dict[str, Any]:
     """One journal record: {"t", "seq", "event": {"type", ...}, "commands": [{"type", ...}]}."""
+
     def typed(obj: object) -> dict[str, Any]:
         body = _plain(obj)
         assert isinstance(body, dict)
@@ -85,14 +87,21 @@ class JsonlJournal:
     def __init__(self, path: str, *, cluster: str = "local") -> None:
         self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
         self._seq = 0
-        header = {"journal": "tangram", "version": 1, "clock": "wall", "cluster": cluster,
-                  "started_unix": time.time()}
+        header = {
+            "journal": "tangram",
+            "version": 1,
+            "clock": "wall",
+            "cluster": cluster,
+            "started_unix": time.time(),
+        }
         self._fh.write(json.dumps(header, sort_keys=True) + "\n")
         self._fh.flush()
 
     def append(self, t: float, event: ev.Event, commands: list[Command]) -> None:
         self._seq += 1
-        self._fh.write(json.dumps(record_of(t, self._seq, event, commands), sort_keys=True, default=str) + "\n")
+        self._fh.write(
+            json.dumps(record_of(t, self._seq, event, commands), sort_keys=True, default=str) + "\n"
+        )
         self._fh.flush()
 
     def close(self) -> None:
@@ -144,16 +153,16 @@ class Driver:
         self.handled += 1
         try:
             self.journal.append(now, event, commands)
-        except Exception:  # noqa: BLE001 - a journal failure must not stop scheduling
+        except Exception:
             log.exception("journal append failed")
         try:
             self.dispatch(event, commands)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("dispatch failed for %r", event)
         if after is not None:
             try:
                 after(commands)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("after-callback failed for %r", event)
         self.loop_lag_s = max(self.loop_lag_s * 0.99, time.monotonic() - started)
         return commands
@@ -173,14 +182,14 @@ class Driver:
                     event, after = ev.Tick(), None
                 try:
                     self.step(event, after)
-                except Exception:  # noqa: BLE001 - a core bug must not kill the controller
+                except Exception:
                     log.exception("core.handle failed for %r", event)
                 # drain whatever is already queued before sleeping again
                 while getter is None and not self.inbox.empty():
                     event, after = self.inbox.get_nowait()
                     try:
                         self.step(event, after)
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         log.exception("core.handle failed for %r", event)
         finally:
             if getter is not None:

@@ -16,10 +16,10 @@ Rules (docs/protocol.md, "Controller behaviour"):
 5. A sandbox has no node before its first action. Puts before that are kept (at most 64 MiB
    per sandbox) and written right after `CreateSandbox`; gets before that read them back.
 """
+
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -68,8 +68,15 @@ class CacheEntry:
 
 
 class Gateway:
-    def __init__(self, sock: zmq.asyncio.Socket, post: Callable[..., None], registry: Registry,
-                 agents: AgentLink, config: ControllerConfig, controller_epoch: int) -> None:
+    def __init__(
+        self,
+        sock: zmq.asyncio.Socket,
+        post: Callable[..., None],
+        registry: Registry,
+        agents: AgentLink,
+        config: ControllerConfig,
+        controller_epoch: int,
+    ) -> None:
         self.sock = sock
         self.post = post
         self.registry = registry
@@ -92,7 +99,9 @@ class Gateway:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _send(self, ident: bytes, msg: protocol.Message, rid: int, blobs: tuple[bytes, ...] | list[bytes] = ()) -> None:
+    def _send(
+        self, ident: bytes, msg: protocol.Message, rid: int, blobs: tuple[bytes, ...] | list[bytes] = ()
+    ) -> None:
         try:
             frames = encode_to(ident, msg, rid, blobs)
         except ProtocolError as exc:  # e.g. a result too large for one message
@@ -100,7 +109,9 @@ class Gateway:
             frames = encode_to(ident, protocol.Error("INTERNAL", f"reply does not encode: {exc}", False), rid)
         send_now(self.sock, frames)
 
-    def final(self, ident: bytes, rid: int, msg: protocol.Message, blobs: tuple[bytes, ...] | list[bytes] = ()) -> None:
+    def final(
+        self, ident: bytes, rid: int, msg: protocol.Message, blobs: tuple[bytes, ...] | list[bytes] = ()
+    ) -> None:
         """Send the one final reply to (ident, rid) and cache it."""
         try:
             frames = protocol.encode(msg, rid, blobs)
@@ -129,7 +140,7 @@ class Gateway:
         for _ in range(4):
             if not self.cache:
                 break
-            k, e = next(iter(self.cache.items()))
+            _, e = next(iter(self.cache.items()))
             if e.final is not None and e.expires < now:
                 self.cache.popitem(last=False)
             else:
@@ -141,7 +152,7 @@ class Gateway:
             frames = await self.sock.recv_multipart()
             try:
                 self._on_frames(frames)
-            except Exception as exc:  # noqa: BLE001 - a bug answering one request must not stop the gateway
+            except Exception as exc:
                 log.exception("request handling failed")
                 if len(frames) >= 4 and len(frames[3]) == 8:
                     rid = int.from_bytes(frames[3], "big") & ((1 << 63) - 1)
@@ -176,8 +187,13 @@ class Gateway:
                 self._send(ident, protocol.Reject(reason), rid)
                 return
             client.name = msg.name
-            self._send(ident, protocol.Welcome(protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR, self.epoch,
-                                               0, self.config.heartbeat_s), rid)
+            self._send(
+                ident,
+                protocol.Welcome(
+                    protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR, self.epoch, 0, self.config.heartbeat_s
+                ),
+                rid,
+            )
             return
         if isinstance(msg, (protocol.Bye, protocol.Ack, protocol.Accepted, protocol.Result, protocol.Error)):
             return
@@ -199,8 +215,11 @@ class Gateway:
         handler = _HANDLERS.get(type(msg))
         if handler is None:
             self.counters["bad_requests"] += 1
-            self._send(ident, protocol.Error("BAD_REQUEST", f"{msg.NAME} is not a request on the submit socket",
-                                             False), rid)
+            self._send(
+                ident,
+                protocol.Error("BAD_REQUEST", f"{msg.NAME} is not a request on the submit socket", False),
+                rid,
+            )
             return
         try:
             handler(self, client, rid, msg, env.blobs)
@@ -227,7 +246,9 @@ class Gateway:
     def _register(self, client: ClientState, rid: int, kind: str, action_id: str = "") -> None:
         self._cache_put((client.ident, rid), CacheEntry(kind, action_id))
 
-    def _on_open(self, client: ClientState, rid: int, msg: protocol.SandboxOpen, blobs: tuple[bytes, ...]) -> None:
+    def _on_open(
+        self, client: ClientState, rid: int, msg: protocol.SandboxOpen, blobs: tuple[bytes, ...]
+    ) -> None:
         sandbox = self._new_id("sb-")
         rec = SandboxRecord(sandbox, client.ident, client.key, msg.image, msg.mem_mib, msg.reserve)
         self.registry.sandboxes[sandbox] = rec
@@ -236,7 +257,8 @@ class Gateway:
         if msg.reserve > 0:
             deadline = time.monotonic() + self._budget(int(msg.timeout_s * 1000))
             self.registry.actions[f"open:{sandbox}"] = ActionRecord(
-                f"open:{sandbox}", "open", ident, rid, client.key, time.monotonic(), deadline, sandbox=sandbox)
+                f"open:{sandbox}", "open", ident, rid, client.key, time.monotonic(), deadline, sandbox=sandbox
+            )
 
         def after(cmds: list[cmd.Command] | None) -> None:
             if cmds is None:
@@ -246,7 +268,9 @@ class Gateway:
 
         self.post(ev.SandboxOpened(sandbox, client.key, msg.mem_mib, msg.image, msg.reserve), after)
 
-    def _on_close(self, client: ClientState, rid: int, msg: protocol.SandboxClose, blobs: tuple[bytes, ...]) -> None:
+    def _on_close(
+        self, client: ClientState, rid: int, msg: protocol.SandboxClose, blobs: tuple[bytes, ...]
+    ) -> None:
         rec = self.registry.sandboxes.get(msg.sandbox)
         if rec is not None and rec.client != client.key:
             raise BadRequest(f"unknown sandbox {msg.sandbox!r}")
@@ -265,13 +289,17 @@ class Gateway:
         data = blobs[0]
         if not rec.node:
             if rec.pending_bytes + len(data) > MAX_PENDING_PUT_BYTES:
-                raise BadRequest(f"more than {MAX_PENDING_PUT_BYTES >> 20} MiB put before the sandbox's first exec")
+                raise BadRequest(
+                    f"more than {MAX_PENDING_PUT_BYTES >> 20} MiB put before the sandbox's first exec"
+                )
             rec.pending_puts = [(p, d) for p, d in rec.pending_puts if p != msg.path]
             rec.pending_puts.append((msg.path, data))
             rec.pending_bytes = sum(len(d) for _, d in rec.pending_puts)
             self.final(client.ident, rid, protocol.Result({"queued": True, "size": len(data)}))
             return
-        self._spawn_task(self._file(client.ident, rid, msg.sandbox, protocol.PutFile(msg.sandbox, msg.path), [data]))
+        self._spawn_task(
+            self._file(client.ident, rid, msg.sandbox, protocol.PutFile(msg.sandbox, msg.path), [data])
+        )
 
     def _on_get(self, client: ClientState, rid: int, msg: protocol.Get, blobs: tuple[bytes, ...]) -> None:
         rec = self._own_sandbox(client, msg.sandbox)
@@ -282,9 +310,13 @@ class Gateway:
                     self.final(client.ident, rid, protocol.Result({"size": len(data)}), [data])
                     return
             raise BadRequest(f"{msg.path}: no such file (the sandbox has not run anything yet)")
-        self._spawn_task(self._file(client.ident, rid, msg.sandbox, protocol.GetFile(msg.sandbox, msg.path), []))
+        self._spawn_task(
+            self._file(client.ident, rid, msg.sandbox, protocol.GetFile(msg.sandbox, msg.path), [])
+        )
 
-    async def _file(self, ident: bytes, rid: int, sandbox: str, msg: protocol.Message, blobs: list[bytes]) -> None:
+    async def _file(
+        self, ident: bytes, rid: int, sandbox: str, msg: protocol.Message, blobs: list[bytes]
+    ) -> None:
         try:
             env = await self.agents.file_request(sandbox, msg, blobs)
         except NodeLost as exc:
@@ -339,14 +371,32 @@ class Gateway:
         aid = self._new_id("x")
         argv0 = msg.cmd.strip().split(" ", 1)[0][:64] if msg.cmd.strip() else "sh"
         spec = ActionSpec(
-            action_id=aid, kind=Kind.EXEC, demand=((CPU, Demand.range(msg.cpus_min, msg.cpus_max)),),
-            action_type=f"exec:{msg.elastic or ''}:{argv0}", client=client.key, sandbox=msg.sandbox,
-            trajectory=msg.sandbox, elasticity=el,
-            t_ori=msg.duration_hint_s if msg.duration_hint_s > 0 else None, timeout_s=timeout, mem_mib=sb.mem_mib,
+            action_id=aid,
+            kind=Kind.EXEC,
+            demand=((CPU, Demand.range(msg.cpus_min, msg.cpus_max)),),
+            action_type=f"exec:{msg.elastic or ''}:{argv0}",
+            client=client.key,
+            sandbox=msg.sandbox,
+            trajectory=msg.sandbox,
+            elasticity=el,
+            t_ori=msg.duration_hint_s if msg.duration_hint_s > 0 else None,
+            timeout_s=timeout,
+            mem_mib=sb.mem_mib,
         )
         now = time.monotonic()
-        rec = ActionRecord(aid, "exec", client.ident, rid, client.key, now, now + timeout, sandbox=msg.sandbox,
-                           cmd=msg.cmd, env=dict(msg.env), stdin=blobs[0] if blobs else None)
+        rec = ActionRecord(
+            aid,
+            "exec",
+            client.ident,
+            rid,
+            client.key,
+            now,
+            now + timeout,
+            sandbox=msg.sandbox,
+            cmd=msg.cmd,
+            env=dict(msg.env),
+            stdin=blobs[0] if blobs else None,
+        )
         self._submit(client, rid, "exec", spec, rec)
 
     def _on_call(self, client: ClientState, rid: int, msg: protocol.Call, blobs: tuple[bytes, ...]) -> None:
@@ -356,12 +406,28 @@ class Gateway:
             raise BadRequest(f"unknown service {msg.service!r} (known: {known})")
         timeout = self._budget(msg.budget_ms)
         aid = self._new_id("c")
-        spec = ActionSpec(action_id=aid, kind=Kind.CALL, demand=((GPU, Demand.of([msg.gpus])),), key=GPU,
-                          action_type=f"call:{msg.service}", client=client.key, service=msg.service,
-                          timeout_s=timeout)
+        spec = ActionSpec(
+            action_id=aid,
+            kind=Kind.CALL,
+            demand=((GPU, Demand.of([msg.gpus])),),
+            key=GPU,
+            action_type=f"call:{msg.service}",
+            client=client.key,
+            service=msg.service,
+            timeout_s=timeout,
+        )
         now = time.monotonic()
-        rec = ActionRecord(aid, "call", client.ident, rid, client.key, now, now + timeout, service=msg.service,
-                           payload=blobs[0])
+        rec = ActionRecord(
+            aid,
+            "call",
+            client.ident,
+            rid,
+            client.key,
+            now,
+            now + timeout,
+            service=msg.service,
+            payload=blobs[0],
+        )
         self._submit(client, rid, "call", spec, rec)
 
     def _on_lease(self, client: ClientState, rid: int, msg: protocol.Lease, blobs: tuple[bytes, ...]) -> None:
@@ -371,13 +437,23 @@ class Gateway:
         timeout = self._budget(msg.budget_ms)
         aid = self._new_id("l")
         res = api_resource(msg.api)
-        spec = ActionSpec(action_id=aid, kind=Kind.LEASE, demand=((res, Demand.fixed(msg.units)),), key=res,
-                          action_type=f"lease:{msg.api}", client=client.key, api=msg.api, timeout_s=timeout)
+        spec = ActionSpec(
+            action_id=aid,
+            kind=Kind.LEASE,
+            demand=((res, Demand.fixed(msg.units)),),
+            key=res,
+            action_type=f"lease:{msg.api}",
+            client=client.key,
+            api=msg.api,
+            timeout_s=timeout,
+        )
         now = time.monotonic()
         rec = ActionRecord(aid, "lease", client.ident, rid, client.key, now, now + timeout, units=msg.units)
         self._submit(client, rid, "lease", spec, rec)
 
-    def _on_release(self, client: ClientState, rid: int, msg: protocol.Release, blobs: tuple[bytes, ...]) -> None:
+    def _on_release(
+        self, client: ClientState, rid: int, msg: protocol.Release, blobs: tuple[bytes, ...]
+    ) -> None:
         rec = self.registry.actions.get(msg.lease)
         self._register(client, rid, "release")
         if rec is None or rec.kind != "lease" or rec.client != client.key or not rec.granted or rec.release:
@@ -390,7 +466,9 @@ class Gateway:
         rec.release = (client.ident, rid)
         self.post(ev.ActionFinished(msg.lease, ok=True, reason="released"))
 
-    def _on_cancel(self, client: ClientState, rid: int, msg: protocol.Cancel, blobs: tuple[bytes, ...]) -> None:
+    def _on_cancel(
+        self, client: ClientState, rid: int, msg: protocol.Cancel, blobs: tuple[bytes, ...]
+    ) -> None:
         self._register(client, rid, "cancel")
         entry = self.cache.get((client.ident, msg.target_request_id))
         if entry is not None and entry.final is None and entry.action_id:
@@ -406,18 +484,30 @@ class Gateway:
             return
         rec.granted, rec.final_sent, rec.started = True, True, time.monotonic()
         self.registry.record_wait(rec.started - rec.submitted)
-        self.final(rec.ident, rec.request_id, protocol.Result({
-            "lease": c.action_id, "api": c.api, "units": rec.units,
-            "expires_in_s": round(max(0.0, rec.deadline - time.monotonic()), 3),
-            "queued_s": round(rec.started - rec.submitted, 6)}))
+        self.final(
+            rec.ident,
+            rec.request_id,
+            protocol.Result(
+                {
+                    "lease": c.action_id,
+                    "api": c.api,
+                    "units": rec.units,
+                    "expires_in_s": round(max(0.0, rec.deadline - time.monotonic()), 3),
+                    "queued_s": round(rec.started - rec.submitted, 6),
+                }
+            ),
+        )
 
     def on_reserve(self, c: cmd.Reserve) -> None:
         rec = self.registry.actions.get(c.action_id)
         if rec is None or rec.final_sent:
             return
         rec.final_sent = True
-        self.final(rec.ident, rec.request_id, protocol.Result({"sandbox": c.sandbox, "node": c.node,
-                                                                "cores": list(c.cores)}))
+        self.final(
+            rec.ident,
+            rec.request_id,
+            protocol.Result({"sandbox": c.sandbox, "node": c.node, "cores": list(c.cores)}),
+        )
 
     def on_reject(self, c: cmd.Reject) -> None:
         rec = self.registry.actions.get(c.action_id)
@@ -441,7 +531,9 @@ class Gateway:
         rec.final_sent = True
         detail = "\n".join(str(r) for r in c.reasons)
         retryable = code in ("TIMEOUT", "QUOTA_EXCEEDED", "NODE_LOST", "RETRY_LATER")
-        self.final(rec.ident, rec.request_id, protocol.Error(code, c.message[:protocol.MAX_TEXT], retryable, detail))
+        self.final(
+            rec.ident, rec.request_id, protocol.Error(code, c.message[: protocol.MAX_TEXT], retryable, detail)
+        )
         self.registry.actions.pop(c.action_id, None)
 
     def on_done(self, c: cmd.Done) -> None:
@@ -456,16 +548,27 @@ class Gateway:
         rec.final_sent = True
         now = time.monotonic()
         out = rec.outcome
-        if rec.kill_reason and not (out is not None and out.error is None and out.body.get("exit_code") is not None
-                                    and not out.body.get("killed") and not out.body.get("timed_out")):
+        if rec.kill_reason and not (
+            out is not None
+            and out.error is None
+            and out.body.get("exit_code") is not None
+            and not out.body.get("killed")
+            and not out.body.get("timed_out")
+        ):
             code = KILL_CODES.get(rec.kill_reason, "CANCELLED")
-            msg = "timed out: the action ran past its timeout and was killed" if code == "TIMEOUT" \
+            msg = (
+                "timed out: the action ran past its timeout and was killed"
+                if code == "TIMEOUT"
                 else f"cancelled ({rec.kill_reason})"
+            )
             self.final(rec.ident, rec.request_id, protocol.Error(code, msg, code == "TIMEOUT"))
             return
         if out is None:
-            self.final(rec.ident, rec.request_id, protocol.Error("INTERNAL", f"action ended without a result "
-                                                                 f"({c.reason})", False))
+            self.final(
+                rec.ident,
+                rec.request_id,
+                protocol.Error("INTERNAL", f"action ended without a result ({c.reason})", False),
+            )
             return
         if out.error is not None:
             self.final(rec.ident, rec.request_id, out.error)
@@ -478,13 +581,22 @@ class Gateway:
         queued = max(0.0, started - rec.submitted)
         run_s = float(body.get("run_s", 0.0) or 0.0)
         total = now - rec.submitted
-        common = {"queued_s": round(queued, 6), "run_s": round(run_s, 6),
-                  "overhead_s": round(max(0.0, total - queued - run_s), 6), "node": rec.node,
-                  "action": rec.action_id}
+        common = {
+            "queued_s": round(queued, 6),
+            "run_s": round(run_s, 6),
+            "overhead_s": round(max(0.0, total - queued - run_s), 6),
+            "node": rec.node,
+            "action": rec.action_id,
+        }
         if rec.kind == "exec":
-            result = {"exit_code": int(body.get("exit_code", -1)), "truncated": bool(body.get("truncated", False)),
-                      "cores": list(rec.cores), "dop": rec.dop, "setup_s": float(body.get("setup_s", 0.0) or 0.0),
-                      **common}
+            result = {
+                "exit_code": int(body.get("exit_code", -1)),
+                "truncated": bool(body.get("truncated", False)),
+                "cores": list(rec.cores),
+                "dop": rec.dop,
+                "setup_s": float(body.get("setup_s", 0.0) or 0.0),
+                **common,
+            }
             self.final(rec.ident, rec.request_id, protocol.Result(result), list(out.blobs[:2]))
         else:
             result = {"gpus": list(rec.gpus), "loaded": rec.loaded, **common}
@@ -500,8 +612,12 @@ class Gateway:
                 if now - client.last_seen > grace:
                     del self.clients[ident]
                     self.counters["clients_gone"] += 1
-                    log.info("client %s (%s) silent for %.1fs: releasing its work", client.name, client.key[:12],
-                             now - client.last_seen)
+                    log.info(
+                        "client %s (%s) silent for %.1fs: releasing its work",
+                        client.name,
+                        client.key[:12],
+                        now - client.last_seen,
+                    )
                     for rec in self.registry.sandboxes.values():
                         if rec.client == client.key:
                             rec.closed = True
@@ -509,7 +625,7 @@ class Gateway:
                     self.post(ev.ClientGone(client.key))
             # expire old cache finals
             while self.cache:
-                key, e = next(iter(self.cache.items()))
+                _, e = next(iter(self.cache.items()))
                 if e.final is not None and e.expires < now:
                     self.cache.popitem(last=False)
                 else:
@@ -525,10 +641,19 @@ class Gateway:
 
     def rows(self) -> list[dict[str, Any]]:
         now = time.monotonic()
-        return [{"client": c.key, "name": c.name, "silent_s": round(now - c.last_seen, 3),
-                 "connected_s": round(now - c.connected, 3), "requests": c.requests,
-                 "sandboxes": sum(1 for s in self.registry.sandboxes.values() if s.client == c.key and not s.closed)}
-                for c in sorted(self.clients.values(), key=lambda c: c.connected)]
+        return [
+            {
+                "client": c.key,
+                "name": c.name,
+                "silent_s": round(now - c.last_seen, 3),
+                "connected_s": round(now - c.connected, 3),
+                "requests": c.requests,
+                "sandboxes": sum(
+                    1 for s in self.registry.sandboxes.values() if s.client == c.key and not s.closed
+                ),
+            }
+            for c in sorted(self.clients.values(), key=lambda c: c.connected)
+        ]
 
 
 _HANDLERS: dict[type, Callable[..., None]] = {
@@ -544,4 +669,3 @@ _HANDLERS: dict[type, Callable[..., None]] = {
 }
 
 __all__ = ["Gateway"]
-_ = contextlib

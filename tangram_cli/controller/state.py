@@ -4,6 +4,7 @@ The core decides; these records only remember what the driver needs to turn comm
 messages and agent replies into client replies: who asked (client identity, request id),
 what to run (command, environment, payload), and what came back.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -156,8 +157,9 @@ def send_now(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
     return True
 
 
-def encode_to(ident: bytes, msg: protocol.Message, request_id: int, blobs: tuple[bytes, ...] | list[bytes] = ()
-              ) -> list[bytes]:
+def encode_to(
+    ident: bytes, msg: protocol.Message, request_id: int, blobs: tuple[bytes, ...] | list[bytes] = ()
+) -> list[bytes]:
     return [ident, *protocol.encode(msg, request_id, blobs)]
 
 

@@ -23,6 +23,7 @@
   `state` ("R", or "CG" once a kill was sent), `node`, `run_s`, `grant` (cores or GPUs).
 - `clients`: `client`, `name`, `silent_s`, `connected_s`, `requests`, `sandboxes`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -77,22 +78,34 @@ class StatusServer:
             if isinstance(msg, protocol.Heartbeat):
                 send_now(self.sock, encode_to(ident, protocol.Heartbeat(), 0))
             elif isinstance(msg, protocol.Hello):
-                send_now(self.sock, encode_to(ident, protocol.Welcome(protocol.PROTOCOL_MAJOR,
-                                                                      protocol.PROTOCOL_MINOR, 0), env.request_id))
+                send_now(
+                    self.sock,
+                    encode_to(
+                        ident,
+                        protocol.Welcome(protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR, 0),
+                        env.request_id,
+                    ),
+                )
             elif isinstance(msg, protocol.StatusReq):
                 unknown = [s for s in msg.sections if s not in SECTIONS]
                 if unknown:
-                    err = protocol.Error("BAD_REQUEST", f"unknown section(s) {', '.join(unknown)} "
-                                         f"(known: {', '.join(SECTIONS)})", False)
+                    err = protocol.Error(
+                        "BAD_REQUEST",
+                        f"unknown section(s) {', '.join(unknown)} (known: {', '.join(SECTIONS)})",
+                        False,
+                    )
                     send_now(self.sock, encode_to(ident, err, env.request_id))
                     continue
                 try:
                     records = self.build(list(msg.sections) or list(SECTIONS), msg.limit)
                     reply = encode_to(ident, protocol.Status(_clean(records)), env.request_id)  # type: ignore[arg-type]
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     log.exception("status failed")
-                    reply = encode_to(ident, protocol.Error("INTERNAL", f"status failed ({type(exc).__name__})",
-                                                            False), env.request_id)
+                    reply = encode_to(
+                        ident,
+                        protocol.Error("INTERNAL", f"status failed ({type(exc).__name__})", False),
+                        env.request_id,
+                    )
                 send_now(self.sock, reply)
             else:
                 err = protocol.Error("AUTH", f"{msg.NAME} is not allowed on the status socket", False)
@@ -109,10 +122,25 @@ def node_state(row: dict[str, Any], agent: dict[str, Any] | None) -> str:
     return "alloc" if used >= total else "mix"
 
 
-def build_records(core: Scheduler, *, sections: list[str], limit: int, cluster: str, epoch: int, started: float,
-                  addresses: dict[str, str], agent_rows: list[dict[str, Any]], client_rows: list[dict[str, Any]],
-                  sandboxes: list[Any], actions: dict[str, Any], counters: dict[str, int], wait_p50: float | None,
-                  loop_lag_s: float, events: int, services_conf: list[Any]) -> dict[str, Any]:
+def build_records(
+    core: Scheduler,
+    *,
+    sections: list[str],
+    limit: int,
+    cluster: str,
+    epoch: int,
+    started: float,
+    addresses: dict[str, str],
+    agent_rows: list[dict[str, Any]],
+    client_rows: list[dict[str, Any]],
+    sandboxes: list[Any],
+    actions: dict[str, Any],
+    counters: dict[str, int],
+    wait_p50: float | None,
+    loop_lag_s: float,
+    events: int,
+    services_conf: list[Any],
+) -> dict[str, Any]:
     snap = core.snapshot()
     out: dict[str, Any] = {}
     agents = {a["node"]: a for a in agent_rows}
@@ -124,27 +152,51 @@ def build_records(core: Scheduler, *, sections: list[str], limit: int, cluster: 
         all_counters = dict(snap.counters)
         all_counters.update(counters)
         out["cluster"] = {
-            "name": cluster, "proto": f"{protocol.PROTOCOL_MAJOR}.{protocol.PROTOCOL_MINOR}",
-            "controller_epoch": epoch, "uptime_s": round(time.monotonic() - started, 3), "pid": os.getpid(),
+            "name": cluster,
+            "proto": f"{protocol.PROTOCOL_MAJOR}.{protocol.PROTOCOL_MINOR}",
+            "controller_epoch": epoch,
+            "uptime_s": round(time.monotonic() - started, 3),
+            "pid": os.getpid(),
             "address": addresses.get("submit", "").removeprefix("tcp://").rsplit(":", 1)[0],
             "addresses": addresses,
-            "agents_up": sum(1 for a in agent_rows if a["agent_state"] == "up"), "agents_total": len(agent_rows),
-            "clients": len(client_rows), "sandboxes": sum(1 for s in sandboxes if not s.closed),
-            "queue": snap.queued, "running": snap.running, "wait_p50_s": wait_p50, "loop_lag_s": loop_lag_s,
-            "events": events, "counters": all_counters,
+            "agents_up": sum(1 for a in agent_rows if a["agent_state"] == "up"),
+            "agents_total": len(agent_rows),
+            "clients": len(client_rows),
+            "sandboxes": sum(1 for s in sandboxes if not s.closed),
+            "queue": snap.queued,
+            "running": snap.running,
+            "wait_p50_s": wait_p50,
+            "loop_lag_s": loop_lag_s,
+            "events": events,
+            "counters": all_counters,
         }
     if "nodes" in sections:
         rows = []
         names = sorted({n["node"] for n in snap.nodes} | set(agents))
         by_name = {n["node"]: n for n in snap.nodes}
         for name in names:
-            base = dict(by_name.get(name) or {"node": name, "cpus_total": 0, "cpus_used": 0, "mem_total_mib": 0,
-                                                "mem_reserved_mib": 0, "sandboxes": 0, "gpus_total": 0,
-                                                "gpus_busy": 0, "gpu_mem_used_mib": [], "resident": []})
+            base = dict(
+                by_name.get(name)
+                or {
+                    "node": name,
+                    "cpus_total": 0,
+                    "cpus_used": 0,
+                    "mem_total_mib": 0,
+                    "mem_reserved_mib": 0,
+                    "sandboxes": 0,
+                    "gpus_total": 0,
+                    "gpus_busy": 0,
+                    "gpu_mem_used_mib": [],
+                    "resident": [],
+                }
+            )
             agent = agents.get(name)
-            role = "+".join(r for r, n in (("cpu", base["cpus_total"]), ("gpu", base["gpus_total"])) if n) or "-"
-            base.update({"state": node_state(base, agent), "role": role,
-                         "sandboxes_busy": busy_by_node.get(name, 0)})
+            role = (
+                "+".join(r for r, n in (("cpu", base["cpus_total"]), ("gpu", base["gpus_total"])) if n) or "-"
+            )
+            base.update(
+                {"state": node_state(base, agent), "role": role, "sandboxes_busy": busy_by_node.get(name, 0)}
+            )
             base.update(agent or {"agent_state": "unknown", "heartbeat_age_s": None, "reason": ""})
             rows.append(base)
         out["nodes"] = rows
@@ -165,26 +217,54 @@ def build_records(core: Scheduler, *, sections: list[str], limit: int, cluster: 
         for s in snap.services:
             name = s["service"]
             spec = conf[name].spec if name in conf else {}
-            svc_rows.append({**s, "runtime": str(spec.get("runtime", "")), "model": str(spec.get("model", "")),
-                             "resident": [r for r in resident if r.split("@", 1)[0] == name],
-                             "inflight": running_calls.get(name, 0), "queued": queued_calls.get(name, 0)})
+            svc_rows.append(
+                {
+                    **s,
+                    "runtime": str(spec.get("runtime", "")),
+                    "model": str(spec.get("model", "")),
+                    "resident": [r for r in resident if r.split("@", 1)[0] == name],
+                    "inflight": running_calls.get(name, 0),
+                    "queued": queued_calls.get(name, 0),
+                }
+            )
         out["services"] = svc_rows
     if "apis" in sections:
         out["apis"] = [dict(a) for a in snap.apis]
     if "queue" in sections:
-        out["queue"] = [{"action": r.action_id, "pool": r.pool, "kind": r.kind, "client": r.client, "state": "PD",
-                         "waited_s": round(r.waited_s, 3), "demand": r.demand, "reason": r.status}
-                        for r in snap.queue[:limit]]
+        out["queue"] = [
+            {
+                "action": r.action_id,
+                "pool": r.pool,
+                "kind": r.kind,
+                "client": r.client,
+                "state": "PD",
+                "waited_s": round(r.waited_s, 3),
+                "demand": r.demand,
+                "reason": r.status,
+            }
+            for r in snap.queue[:limit]
+        ]
     if "actions" in sections:
         now = time.monotonic()
         rows2 = []
         for rec in actions.values():
-            if rec.started is None or rec.final_sent and rec.kind != "lease":
+            if rec.started is None or (rec.final_sent and rec.kind != "lease"):
                 continue
-            grant = list(rec.cores) if rec.kind == "exec" else list(rec.gpus) if rec.kind == "call" else rec.units
-            rows2.append({"action": rec.action_id, "kind": rec.kind, "client": rec.client, "sandbox": rec.sandbox,
-                          "state": "CG" if rec.kill_reason else "R", "node": rec.node,
-                          "run_s": round(now - rec.started, 3), "grant": grant})
+            grant = (
+                list(rec.cores) if rec.kind == "exec" else list(rec.gpus) if rec.kind == "call" else rec.units
+            )
+            rows2.append(
+                {
+                    "action": rec.action_id,
+                    "kind": rec.kind,
+                    "client": rec.client,
+                    "sandbox": rec.sandbox,
+                    "state": "CG" if rec.kill_reason else "R",
+                    "node": rec.node,
+                    "run_s": round(now - rec.started, 3),
+                    "grant": grant,
+                }
+            )
             if len(rows2) >= limit:
                 break
         out["actions"] = rows2

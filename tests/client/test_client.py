@@ -1,5 +1,6 @@
 """The client library on its own: import footprint, argument checks, connection failures,
 and surviving a controller restart on the same port."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,11 @@ HEAVY = ("click", "asyncssh", "docker", "rich", "numpy", "pydantic", "yaml", "ta
 
 
 def test_import_loads_no_heavy_dependency() -> None:
-    code = ("import sys, tangram, tangram.client, tangram.client.aio, tangram.client.sync, tangram.client.transport;"
-            "tangram.AsyncClient; tangram.Client;"
-            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    code = (
+        "import sys, tangram, tangram.client, tangram.client.aio, tangram.client.sync, tangram.client.transport;"
+        "tangram.AsyncClient; tangram.Client;"
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 
@@ -35,8 +38,10 @@ def test_public_names() -> None:
     assert tangram.ActionTimeout.retryable and not tangram.NoCapacity.retryable
 
 
-@pytest.mark.parametrize(("text", "mib"), [(None, 0), (512, 512), ("4GiB", 4096), ("512MiB", 512), ("2g", 2048),
-                                           ("1.5GiB", 1536), ("1000MB", 953)])
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [(None, 0), (512, 512), ("4GiB", 4096), ("512MiB", 512), ("2g", 2048), ("1.5GiB", 1536), ("1000MB", 953)],
+)
 def test_parse_mem(text, mib) -> None:
     assert parse_mem(text) == mib
 
@@ -50,8 +55,14 @@ def test_parse_mem_rejects(bad) -> None:
 async def test_argument_checks_happen_before_sending() -> None:
     client = tangram.AsyncClient("tcp://127.0.0.1:9")  # never connected
     sb = AsyncSandbox(client, "sb-1")
-    for kwargs in ({"cpus": 0}, {"cpus": (3, 2)}, {"cpus": (1, 2, 3)}, {"cpus": "2"}, {"timeout": -1},
-                   {"timeout": 0}):
+    for kwargs in (
+        {"cpus": 0},
+        {"cpus": (3, 2)},
+        {"cpus": (1, 2, 3)},
+        {"cpus": "2"},
+        {"timeout": -1},
+        {"timeout": 0},
+    ):
         with pytest.raises(BadRequest):
             await sb.exec("true", **kwargs)
     with pytest.raises(BadRequest):

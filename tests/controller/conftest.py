@@ -1,4 +1,5 @@
 """Fixtures: an in-process controller on 127.0.0.1 random ports, fake agents, raw DEALERs."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,17 +16,25 @@ import zmq.asyncio
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fake_agent import FakeAgent  # noqa: E402
+from fake_agent import FakeAgent
 
-from tangram import protocol as p  # noqa: E402
-from tangram_cli.controller.config import parse_config  # noqa: E402
-from tangram_cli.controller.daemon import Controller, Options  # noqa: E402
+from tangram import protocol as p
+from tangram_cli.controller.config import parse_config
+from tangram_cli.controller.daemon import Controller, Options
 
 CONFIG: dict[str, Any] = {
     "cluster": "test",
     "scheduler": {"client_grace_s": 30, "heartbeat_s": 0.2},
-    "services": [{"name": "echo", "runtime": "emulated", "model": "x:y", "gpu_mem_mib": 1000,
-                  "chunk_sizes": [1, 2], "load_s": 0.01}],
+    "services": [
+        {
+            "name": "echo",
+            "runtime": "emulated",
+            "model": "x:y",
+            "gpu_mem_mib": 1000,
+            "chunk_sizes": [1, 2],
+            "load_s": 0.01,
+        }
+    ],
     "apis": [{"name": "search", "mode": "concurrency", "limit": 2}],
 }
 

@@ -4,6 +4,7 @@ Real processes (`sh -c` in a directory per sandbox, own process group), real Zer
 executor, cgroup or GPU code. It records every run (cores, start, end) so tests can check
 what the controller granted, and serves GPU requests with an echo service.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,11 +61,33 @@ class FakeAgent:
         self.sock.setsockopt(zmq.IDENTITY, self.name.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(self.addr)
-        facts = {"cpus": list(self.cpus), "idle_cpus": [], "numa": [list(self.cpus)], "mem_mib": 8192,
-                 "gpus": self.gpus, "gpu_mem_mib": self.gpu_mem_mib, "executor": "process", "docker": False,
-                 "cgroup": "v2", "hostname": "fake", "pid": os.getpid(), "version": "test"}
-        await self.sock.send_multipart(p.encode(p.Hello("agent", self.name, p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR,
-                                                        facts, sandboxes=self.sandboxes_at_hello), 0))
+        facts = {
+            "cpus": list(self.cpus),
+            "idle_cpus": [],
+            "numa": [list(self.cpus)],
+            "mem_mib": 8192,
+            "gpus": self.gpus,
+            "gpu_mem_mib": self.gpu_mem_mib,
+            "executor": "process",
+            "docker": False,
+            "cgroup": "v2",
+            "hostname": "fake",
+            "pid": os.getpid(),
+            "version": "test",
+        }
+        await self.sock.send_multipart(
+            p.encode(
+                p.Hello(
+                    "agent",
+                    self.name,
+                    p.PROTOCOL_MAJOR,
+                    p.PROTOCOL_MINOR,
+                    facts,
+                    sandboxes=self.sandboxes_at_hello,
+                ),
+                0,
+            )
+        )
         self._task = asyncio.ensure_future(self._serve())
         await asyncio.wait_for(self.welcomed.wait(), 5)
         return self
@@ -157,9 +180,13 @@ class FakeAgent:
         elif isinstance(msg, p.Invoke):
             payload = msgpack.unpackb(env.blobs[0], raw=False)
             if isinstance(payload, dict) and payload.get("raise"):
-                self._reply(rid, p.Error("REMOTE_ERROR", "service raised ValueError", False, "Traceback: ..."))
+                self._reply(
+                    rid, p.Error("REMOTE_ERROR", "service raised ValueError", False, "Traceback: ...")
+                )
                 return
-            self._reply(rid, p.Result({"run_s": 0.0}), [msgpack.packb({"echo": payload, "gpus": list(msg.gpus)})])
+            self._reply(
+                rid, p.Result({"run_s": 0.0}), [msgpack.packb({"echo": payload, "gpus": list(msg.gpus)})]
+            )
         else:
             self._reply(rid, p.Error("BAD_REQUEST", f"fake agent does not serve {msg.NAME}", False))
 
@@ -169,17 +196,28 @@ class FakeAgent:
             return
         run = Run(msg.action, msg.sandbox, tuple(msg.cores), msg.dop, time.monotonic())
         self.runs.append(run)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TANGRAM_DOP": str(msg.dop),
-               "TANGRAM_CORES": ",".join(map(str, msg.cores)), **msg.env}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "TANGRAM_DOP": str(msg.dop),
+            "TANGRAM_CORES": ",".join(map(str, msg.cores)),
+            **msg.env,
+        }
         proc = await asyncio.create_subprocess_exec(
-            "sh", "-c", msg.cmd.replace("{dop}", str(msg.dop)), cwd=self._dir(msg.sandbox), env=env,
+            "sh",
+            "-c",
+            msg.cmd.replace("{dop}", str(msg.dop)),
+            cwd=self._dir(msg.sandbox),
+            env=env,
             stdin=asyncio.subprocess.PIPE if blobs else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
         self._procs[msg.action] = proc
         timed_out = False
         try:
             out, err = await asyncio.wait_for(proc.communicate(blobs[0] if blobs else None), msg.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -187,7 +225,23 @@ class FakeAgent:
         finally:
             self._procs.pop(msg.action, None)
         run.end = time.monotonic()
-        code = proc.returncode if proc.returncode is not None and proc.returncode >= 0 else 128 - (proc.returncode or 0)
-        self._reply(rid, p.Result({"exit_code": code, "truncated": False, "timed_out": timed_out,
-                                   "killed": msg.action in self._killed, "run_s": run.end - run.start,
-                                   "setup_s": 0.0, "cores": list(msg.cores)}), [out, err])
+        code = (
+            proc.returncode
+            if proc.returncode is not None and proc.returncode >= 0
+            else 128 - (proc.returncode or 0)
+        )
+        self._reply(
+            rid,
+            p.Result(
+                {
+                    "exit_code": code,
+                    "truncated": False,
+                    "timed_out": timed_out,
+                    "killed": msg.action in self._killed,
+                    "run_s": run.end - run.start,
+                    "setup_s": 0.0,
+                    "cores": list(msg.cores),
+                }
+            ),
+            [out, err],
+        )

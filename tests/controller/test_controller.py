@@ -1,4 +1,5 @@
 """The controller with real ZeroMQ, real processes and the in-test fake agent (fast)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +14,7 @@ from tangram.errors import ActionTimeout, BadRequest, NoCapacity, QuotaExceeded,
 
 
 def overlapping(runs: list[Any]) -> list[tuple[Any, Any]]:
-    return [(a, b) for i, a in enumerate(runs) for b in runs[i + 1:] if a.start < b.end and b.start < a.end]
+    return [(a, b) for i, a in enumerate(runs) for b in runs[i + 1 :] if a.start < b.end and b.start < a.end]
 
 
 async def test_exec_end_to_end(controller, agent) -> None:
@@ -31,7 +32,9 @@ async def test_exec_end_to_end(controller, agent) -> None:
 
 async def test_elastic_exec_gets_dop_when_cores_are_free(controller, agent) -> None:
     async with tangram.AsyncClient(controller.submit_addr) as tg, tg.sandbox() as env:
-        r = await env.exec("echo {dop} $TANGRAM_DOP", cpus=(1, 2), elastic={1: 1.0, 2: 0.95}, duration_hint=2.0)
+        r = await env.exec(
+            "echo {dop} $TANGRAM_DOP", cpus=(1, 2), elastic={1: 1.0, 2: 0.95}, duration_hint=2.0
+        )
         assert r.stdout.split() == ["2", "2"] and sorted(r.cores) == [0, 1] and r.dop == 2
         r = await env.exec("echo {dop}", cpus=(1, 2), elastic="linear", duration_hint=2.0)
         assert r.stdout.strip() == "2"

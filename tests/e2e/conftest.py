@@ -1,5 +1,6 @@
 """A local cluster from real processes: the controller (in-process or `tangram controller`
 subprocess) and a real agent subprocess (`python -m agent`), on 127.0.0.1 random ports."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,16 @@ from tangram_cli.controller.daemon import Controller, Options
 CONFIG: dict[str, Any] = {
     "cluster": "e2e",
     "scheduler": {"client_grace_s": 30},
-    "services": [{"name": "reward", "runtime": "emulated", "model": "agent.gpu.demo_services:reward",
-                  "gpu_mem_mib": 1024, "chunk_sizes": [1, 2], "load_s": 0.05}],
+    "services": [
+        {
+            "name": "reward",
+            "runtime": "emulated",
+            "model": "agent.gpu.demo_services:reward",
+            "gpu_mem_mib": 1024,
+            "chunk_sizes": [1, 2],
+            "load_s": 0.05,
+        }
+    ],
     "apis": [{"name": "search", "mode": "concurrency", "limit": 2}],
 }
 
@@ -31,10 +40,23 @@ def cpus_for_test() -> str:
     return "0-1" if n >= 2 else "0"
 
 
-def start_agent(addr: str, workdir: str, *extra: str, env: dict[str, str] | None = None,
-                name: str = "n1") -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "agent", "--controller", addr, "--name", name, "--workdir", workdir,
-            "--heartbeat", "0.5", *extra]
+def start_agent(
+    addr: str, workdir: str, *extra: str, env: dict[str, str] | None = None, name: str = "n1"
+) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable,
+        "-m",
+        "agent",
+        "--controller",
+        addr,
+        "--name",
+        name,
+        "--workdir",
+        workdir,
+        "--heartbeat",
+        "0.5",
+        *extra,
+    ]
     log = open(os.path.join(workdir, "agent.log"), "ab")  # noqa: SIM115 - the process owns it
     try:
         return subprocess.Popen(argv, stdout=log, stderr=log, env={**os.environ, **(env or {})})
@@ -67,8 +89,9 @@ async def cluster(tmp_path: Any) -> AsyncIterator[Callable[..., Any]]:
     """`await cluster(*agent_flags, env=...)` -> the in-process Controller with one real agent `n1`."""
     started: list[tuple[Controller, subprocess.Popen[bytes]]] = []
 
-    async def make(*flags: str, env: dict[str, str] | None = None, config: dict[str, Any] | None = None
-                   ) -> Controller:
+    async def make(
+        *flags: str, env: dict[str, str] | None = None, config: dict[str, Any] | None = None
+    ) -> Controller:
         c = Controller(parse_config(config or CONFIG), Options())
         c.start()
         workdir = tmp_path / f"agent{len(started)}"
@@ -97,9 +120,23 @@ def controller_process(tmp_path: Any) -> Iterator[dict[str, Any]]:
     journal = tmp_path / "journal.jsonl"
     log = open(tmp_path / "controller.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from tangram_cli.main import cli; cli()", "controller", "--bind", "127.0.0.1",
-         "--config", str(config), "--journal", str(journal), "--ready-file", str(ready)],
-        stdout=subprocess.PIPE, stderr=log)
+        [
+            sys.executable,
+            "-c",
+            "from tangram_cli.main import cli; cli()",
+            "controller",
+            "--bind",
+            "127.0.0.1",
+            "--config",
+            str(config),
+            "--journal",
+            str(journal),
+            "--ready-file",
+            str(ready),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+    )
     log.close()
     try:
         assert proc.stdout is not None

@@ -1,4 +1,5 @@
 """`tangram bench dispatch` runs end to end and prints figures (never asserted beyond sanity)."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """End to end with real Docker: the agent's docker executor sets the container's cpuset to
 exactly the granted cores before each exec."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,10 +31,21 @@ async def test_cpuset_in_container_equals_granted_cores(cluster, docker_client, 
 
     url = running_daemon_url()
     if url is None:
-        pytest.skip("the agent subprocess needs a dockerd it can reach by URL (a private test dockerd has none)")
+        pytest.skip(
+            "the agent subprocess needs a dockerd it can reach by URL (a private test dockerd has none)"
+        )
     env = {"DOCKER_HOST": url}
-    c = await cluster("--executor", "docker", "--cpus", cpus_for_test(), "--image", busybox_image,
-                      "--cluster", "tangram-test", env=env)
+    c = await cluster(
+        "--executor",
+        "docker",
+        "--cpus",
+        cpus_for_test(),
+        "--image",
+        busybox_image,
+        "--cluster",
+        "tangram-test",
+        env=env,
+    )
     async with tangram.AsyncClient(c.submit_addr) as tg:
         async with tg.sandbox(mem="256MiB") as sb:
             await sb.put("t.txt", b"inside")
@@ -43,14 +55,16 @@ async def test_cpuset_in_container_equals_granted_cores(cluster, docker_client, 
             assert lines[0] == "inside"
             assert parse_cpulist(lines[1]) == set(r.cores)
             if cpus_for_test() == "0-1":
-                r = await sb.exec(f"echo {{dop}}; {ALLOWED}", cpus=(1, 2), elastic="linear", duration_hint=1.0,
-                                  timeout=60)
+                r = await sb.exec(
+                    f"echo {{dop}}; {ALLOWED}", cpus=(1, 2), elastic="linear", duration_hint=1.0, timeout=60
+                )
                 lines = r.stdout.splitlines()
                 assert lines[0] == "2" and parse_cpulist(lines[1]) == {0, 1} == set(r.cores)
         if cpus_for_test() == "0-1":
             a, b = await tg.open_sandbox(), await tg.open_sandbox()
-            ra, rb = await asyncio.gather(a.exec(f"{ALLOWED}; sleep 0.5", timeout=60),
-                                          b.exec(f"{ALLOWED}; sleep 0.5", timeout=60))
+            ra, rb = await asyncio.gather(
+                a.exec(f"{ALLOWED}; sleep 0.5", timeout=60), b.exec(f"{ALLOWED}; sleep 0.5", timeout=60)
+            )
             assert parse_cpulist(ra.stdout) == set(ra.cores) and parse_cpulist(rb.stdout) == set(rb.cores)
             assert not set(ra.cores) & set(rb.cores)
             await a.close()

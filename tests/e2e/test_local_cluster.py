@@ -1,4 +1,5 @@
 """End to end on one machine: client library -> controller -> real agent (process executor)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,9 @@ async def test_elastic_dop_and_disjoint_cores(cluster) -> None:
     c = await cluster(*CPU_FLAGS)
     async with tangram.AsyncClient(c.submit_addr) as tg:
         async with tg.sandbox() as env:
-            r = await env.exec(f"echo {{dop}} $TANGRAM_DOP; {ALLOWED}", cpus=(1, 2), elastic="linear",
-                               duration_hint=1.0)
+            r = await env.exec(
+                f"echo {{dop}} $TANGRAM_DOP; {ALLOWED}", cpus=(1, 2), elastic="linear", duration_hint=1.0
+            )
             lines = r.stdout.split("\n")
             assert lines[0] == "2 2" and parse_cpulist(lines[1]) == {0, 1} == set(r.cores)
         envs = [await tg.open_sandbox() for _ in range(2)]
@@ -145,8 +147,14 @@ def test_controller_cli_process_and_journal(controller_process, tmp_path) -> Non
         records = [json.loads(line) for line in fh]
     assert records[0]["journal"] == "tangram"
     kinds = {r["event"]["type"] for r in records[1:]}
-    assert {"ServiceDefined", "ApiDefined", "NodeJoined", "SandboxOpened", "ActionSubmitted",
-            "ActionFinished"} <= kinds
+    assert {
+        "ServiceDefined",
+        "ApiDefined",
+        "NodeJoined",
+        "SandboxOpened",
+        "ActionSubmitted",
+        "ActionFinished",
+    } <= kinds
     assert any(c["type"] == "Spawn" for r in records[1:] for c in r["commands"])
     assert not os.path.exists(tmp_path / "ready.json")
     _ = p
