@@ -421,7 +421,8 @@ async def test_resent_spawn_joins_the_running_attempt(ctl, start, tmp_path):
 
 
 async def test_orphan_timer_kills_running_actions_and_result_is_delivered_later(ctl, start, tmp_path):
-    run, ident, _ = await welcomed(ctl, start, tmp_path, heartbeat_s=HB, orphan_timeout_s=0.6, backoff_min_s=0.5,
+    run, ident, _ = await welcomed(ctl, start, tmp_path, heartbeat_s=HB, orphan_timeout_s=0.6,
+                                   backoff_min_s=0.5,
                                    backoff_max_s=1.0, hello_timeout_s=0.5)
     await sandbox(ctl, ident)
     await ctl.send(ident, spawn("orphan", "sleep 30", [two_cpus()[1]]), rid=700)
@@ -583,8 +584,40 @@ async def test_e2e_reconnects_after_controller_restart(ctl, tmp_path):
         stop_proc(proc)
 
 
+async def test_e2e_tangram_agent_with_emulated_gpus(ctl, tmp_path):
+    pytest.importorskip("agent.gpu.host", reason="the GPU host is not in this tree yet")
+    cpus = two_cpus()
+    argv = [sys.executable, "-c", "from tangram_cli.main import cli; cli()",
+            "agent", "--controller", ctl.addr,
+            "--name", "gpu-e2e", "--executor", "process", "--cpus", str(cpus[1]), "--idle-cpus", str(cpus[0]),
+            "--emulated-gpus", "2", "--gpu-memory", "16GiB", "--workdir", str(tmp_path / "wd")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        ident, hello = await ctl.handshake(timeout=15)
+        f = hello.facts
+        assert (f["gpus"], f["gpu_mem_mib"], f["cpus"], f["idle_cpus"]) == (2, 16384, [cpus[1]], [cpus[0]])
+        assert f["gpu_uuids"] == ["EMU-gpu-e2e-0", "EMU-gpu-e2e-1"]
+        spec = {"runtime": "emulated", "model": "agent.gpu.demo_services:reward", "gpu_mem_mib": 12288}
+        assert isinstance((await ctl.request(ident, p.Prepare("rm", spec))).msg, p.Result)
+        payload = msgpack.packb({"response": "x"})
+        env = await ctl.request(ident, p.Invoke("c1", "rm", [1], 10.0), blobs=(payload,))
+        assert isinstance(env.msg, p.Result), env.msg
+        assert 0 <= msgpack.unpackb(env.blobs[0])["score"] <= 1
+        env = await ctl.request(ident, p.Load("rm", [0, 1]))
+        assert env.msg.code == "RETRY_LATER"  # GPU 1 already holds 12 of its 16 GiB: evict first
+        assert isinstance((await ctl.request(ident, p.Evict("rm", [1]))).msg, p.Result)
+        env = await ctl.request(ident, p.Load("rm", [0, 1]))
+        assert env.msg.body["restored"] and env.msg.body["bytes"] == 12288 << 20
+        proc.send_signal(signal.SIGTERM)
+        _, env = await ctl.expect(p.Bye)
+        assert await wait_exit(proc) == 0
+    finally:
+        stop_proc(proc)
+
+
 def test_e2e_bad_config_exits_2(tmp_path):
     cfg = tmp_path / "agent.json"
     cfg.write_text('{"controller": "tcp://127.0.0.1:1", "cpus": "3-1"}')
-    res = subprocess.run([sys.executable, "-m", "agent", "--config", str(cfg)], capture_output=True, timeout=30)
+    argv = [sys.executable, "-m", "agent", "--config", str(cfg)]
+    res = subprocess.run(argv, capture_output=True, timeout=30, check=False)
     assert res.returncode == 2 and b"cpus" in res.stderr

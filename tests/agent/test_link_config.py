@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 from agent.__main__ import main as module_main
 from agent.config import AgentConfig, parse_cpulist, parse_mib
-from agent.link import Backoff, error_reply, gpu_chunk, peek_request_id, reject_is_retryable, write_pidfile
 from agent.executors.base import PathRejected, SandboxNotFound
+from agent.link import Backoff, error_reply, gpu_chunk, peek_request_id, reject_is_retryable, write_pidfile
 from tangram import protocol as p
 from tangram.errors import ConfigError, ProtocolError
 from tangram_cli.main import cli
@@ -33,7 +33,8 @@ def test_defaults_and_resolution(tmp_path):
 def test_file_and_flag_precedence(tmp_path):
     path = tmp_path / "agent.json"
     path.write_text(json.dumps({"controller": ADDR, "name": "from-file", "cpus": "0-3", "gpu_mem_mib": "8GiB",
-                                "services": [{"name": "rm", "runtime": "emulated", "model": "m:f", "gpu_mem_mib": 1}]}))
+                                "services": [{"name": "rm", "runtime": "emulated", "model": "m:f",
+                                              "gpu_mem_mib": 1}]}))
     cfg = AgentConfig.load(str(path), name="from-flag", cpus=None)
     assert cfg.name == "from-flag" and cfg.cpus == [0, 1, 2, 3] and cfg.gpu_mem_mib == 8192
     assert cfg.services[0]["name"] == "rm"
@@ -110,7 +111,8 @@ def test_backoff_is_jittered_and_capped():
 
 
 def test_helpers():
-    assert reject_is_retryable("duplicate live name") and not reject_is_retryable("agent speaks 2, controller 1")
+    assert reject_is_retryable("duplicate live name")
+    assert not reject_is_retryable("agent speaks 2, controller 1")
     assert peek_request_id([b"TGR1", b"\x45", (9).to_bytes(8, "big"), b""]) == 9
     assert peek_request_id([b"x"]) == 0 and peek_request_id([b"a", b"b", b"\xff" * 8]) == 0
     assert gpu_chunk([2, 3]) == (2, 4)

@@ -6,13 +6,12 @@ import contextlib
 import uuid
 
 import pytest
+from test_link import FakeController, cpus_seen, make_cfg, spawn, two_cpus
 
 from agent.executors.docker import DockerExecutor
 from agent.link import Agent, build_facts
 from agent.probe import probe
 from tangram import protocol as p
-
-from test_link import FakeController, cpus_seen, make_cfg, spawn, two_cpus
 
 pytestmark = pytest.mark.docker
 
@@ -49,7 +48,8 @@ async def docker_agent(request, ctl, tmp_path, docker_client):
         await agent.close()
 
 
-async def test_spawn_in_a_container_runs_on_exactly_the_granted_cores(ctl, docker_agent, busybox_image, test_labels):
+async def test_spawn_in_a_container_runs_on_exactly_the_granted_cores(ctl, docker_agent, busybox_image,
+                                                                      test_labels):
     ident, hello = await ctl.handshake()
     assert hello.facts["executor"] == "docker"
     env = await ctl.request(ident, p.CreateSandbox("sb1", busybox_image, 64, test_labels), timeout=60)
@@ -78,7 +78,8 @@ async def test_spawn_in_a_container_runs_on_exactly_the_granted_cores(ctl, docke
 
 async def test_missing_image_is_a_bad_request(ctl, docker_agent, test_labels):
     ident, _ = await ctl.handshake()
-    env = await ctl.request(ident, p.CreateSandbox("sb2", "tangram-test/missing:0", 64, test_labels), timeout=60)
+    msg = p.CreateSandbox("sb2", "tangram-test/missing:0", 64, test_labels)
+    env = await ctl.request(ident, msg, timeout=60)
     assert env.msg.code == "BAD_REQUEST", env.msg
 
 

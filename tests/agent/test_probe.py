@@ -87,7 +87,8 @@ def test_readers_on_a_fake_tree(tmp_path):
 
 def test_readers_on_an_empty_tree(tmp_path):
     root = str(tmp_path)
-    assert probe.numa_cpulists(root) == [] and probe.meminfo(root) == {} and probe.cgroup_version(root) == "none"
+    assert probe.numa_cpulists(root) == [] and probe.meminfo(root) == {}
+    assert probe.cgroup_version(root) == "none"
     assert probe.online_cpus(root) == sorted(os.sched_getaffinity(0))  # falls back to our affinity
 
 
