@@ -117,6 +117,11 @@ class Transport:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         if self._sock is not None:
+            if self.epoch is not None:  # say goodbye: the controller releases this client's work now
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(
+                        self._sock.send_multipart(protocol.encode(protocol.Bye("close"), 0)), 0.2
+                    )
             self._sock.close(0)
         if self._ctx is not None:
             self._ctx.term()

@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import enum
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from tangram.clock import WallClock
 from tangram.core import events as ev
 from tangram.core.commands import Command
 from tangram.core.scheduler import Scheduler
+from tangram.journal import Journal as SharedJournal
+
+__all__ = ["Driver", "LiveJournal", "NullJournal", "WallClock", "open_journal"]
 
 log = logging.getLogger("tangram.controller.driver")
 
@@ -35,78 +36,26 @@ After = Callable[[list[Command] | None], None]  # None: the core raised (answer 
 Dispatch = Callable[[ev.Event, list[Command]], None]
 
 
-class WallClock:
-    """Monotonic seconds since the clock was made (journals count from controller start)."""
-
-    def __init__(self) -> None:
-        self._t0 = time.monotonic()
-
-    def now(self) -> float:
-        return time.monotonic() - self._t0
-
-    def until(self, t: float | None) -> float | None:
-        """Seconds until core time `t` (never negative); None: no deadline."""
-        return None if t is None else max(0.0, t - self.now())
-
-
 class Journal(Protocol):
     def append(self, t: float, event: ev.Event, commands: list[Command]) -> None: ...
     def close(self) -> None: ...
 
 
-def _plain(value: object) -> object:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return value
+class LiveJournal:
+    """The shared canonical journal (`tangram.journal`), flushed after every record so a
+    crashed controller leaves a complete prefix."""
 
-
-def record_of(t: float, seq: int, event: ev.Event, commands: list[Command]) -> dict[str, Any]:
-    """One journal record: {"t", "seq", "event": {"type", ...}, "commands": [{"type", ...}]}."""
-
-    def typed(obj: object) -> dict[str, Any]:
-        body = _plain(obj)
-        assert isinstance(body, dict)
-        return {"type": type(obj).__name__, **body}
-
-    return {"t": round(t, 6), "seq": seq, "event": typed(event), "commands": [typed(c) for c in commands]}
-
-
-class JsonlJournal:
-    """Minimal JSONL journal: a header line, then one record per event (see `record_of`).
-
-    Stand-in until the shared `tangram.journal` lands; the record shape follows the design
-    (t, seq, event, commands), so switching changes no reader.
-    """
-
-    def __init__(self, path: str, *, cluster: str = "local") -> None:
-        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
-        self._seq = 0
-        header = {
-            "journal": "tangram",
-            "version": 1,
-            "clock": "wall",
-            "cluster": cluster,
-            "started_unix": time.time(),
-        }
-        self._fh.write(json.dumps(header, sort_keys=True) + "\n")
-        self._fh.flush()
+    def __init__(self, path: str, **meta: Any) -> None:
+        self._journal = SharedJournal.to_path(path, **meta)
 
     def append(self, t: float, event: ev.Event, commands: list[Command]) -> None:
-        self._seq += 1
-        self._fh.write(
-            json.dumps(record_of(t, self._seq, event, commands), sort_keys=True, default=str) + "\n"
-        )
-        self._fh.flush()
+        self._journal.append(t, event, commands)
+        if self._journal.stream is not None:
+            self._journal.stream.flush()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self._fh.close()
+            self._journal.close()
 
 
 class NullJournal:
@@ -120,11 +69,7 @@ class NullJournal:
 def open_journal(path: str | None, cluster: str) -> Journal:
     if not path:
         return NullJournal()
-    try:
-        from tangram.journal import open_writer  # type: ignore[attr-defined]  # the shared journal, once it exists
-    except ImportError:
-        return JsonlJournal(path, cluster=cluster)
-    return open_writer(path, cluster=cluster, clock="wall")  # type: ignore[no-any-return]
+    return LiveJournal(path, driver="controller", cluster=cluster, clock="wall")
 
 
 class Driver:

@@ -10,7 +10,8 @@ Rules (docs/protocol.md, "Controller behaviour"):
    bounded (LRU) and entries expire 5 minutes after their final reply.
 3. Bytes that do not decode get `Error(BAD_REQUEST)` (or `VERSION`); the gateway keeps
    serving. Asks the core can never satisfy get `NO_CAPACITY` from the core's `Reject`.
-4. A client silent for `client_grace_s` gets `ClientGone`: its queued and running actions are
+4. A client that says `Bye` (the library does on close), or is silent for `client_grace_s`,
+   gets `ClientGone`: its queued and running actions are
    cancelled and its sandboxes and leases released. Clients ping with `Heartbeat`; the gateway
    answers each one, so a client can tell a dead controller from a quiet one.
 5. A sandbox has no node before its first action. Puts before that are kept (at most 64 MiB
@@ -195,7 +196,10 @@ class Gateway:
                 rid,
             )
             return
-        if isinstance(msg, (protocol.Bye, protocol.Ack, protocol.Accepted, protocol.Result, protocol.Error)):
+        if isinstance(msg, protocol.Bye):
+            self._client_gone(client, "said bye")
+            return
+        if isinstance(msg, (protocol.Ack, protocol.Accepted, protocol.Result, protocol.Error)):
             return
         key = (ident, rid)
         entry = self.cache.get(key)
@@ -610,19 +614,7 @@ class Gateway:
             now = time.monotonic()
             for ident, client in list(self.clients.items()):
                 if now - client.last_seen > grace:
-                    del self.clients[ident]
-                    self.counters["clients_gone"] += 1
-                    log.info(
-                        "client %s (%s) silent for %.1fs: releasing its work",
-                        client.name,
-                        client.key[:12],
-                        now - client.last_seen,
-                    )
-                    for rec in self.registry.sandboxes.values():
-                        if rec.client == client.key:
-                            rec.closed = True
-                            rec.pending_puts.clear()
-                    self.post(ev.ClientGone(client.key))
+                    self._client_gone(client, f"silent for {now - client.last_seen:.1f}s")
             # expire old cache finals
             while self.cache:
                 _, e = next(iter(self.cache.items()))
@@ -633,6 +625,23 @@ class Gateway:
             for name, sb in list(self.registry.sandboxes.items()):
                 if sb.closed and sb.busy == 0 and now - sb.opened > 1.0:
                     self.registry.sandboxes.pop(name, None)
+
+    def _client_gone(self, client: ClientState, why: str) -> None:
+        """Release everything the client holds (ClientGone); its cached replies stay until they expire."""
+        self.clients.pop(client.ident, None)
+        self.counters["clients_gone"] += 1
+        owned = [
+            rec for rec in self.registry.sandboxes.values() if rec.client == client.key and not rec.closed
+        ]
+        busy = any(
+            rec.client == client.key for rec in self.registry.actions.values()
+        )  # queued, running, leases
+        log.info("client %s (%s) %s: releasing its work", client.name, client.key[:12], why)
+        for rec in owned:
+            rec.closed = True
+            rec.pending_puts.clear()
+        if owned or busy:
+            self.post(ev.ClientGone(client.key))
 
     async def close(self) -> None:
         from tangram_cli.controller.state import cancel_tasks

@@ -270,3 +270,20 @@ def test_sync_client_in_a_thread_pool(controller_thread) -> None:
         with tg.api("search"):
             pass
         assert tg.call("echo", {"a": 1}).value["echo"] == {"a": 1}
+
+
+async def test_closing_a_client_releases_its_leases_and_sandboxes(controller, agent) -> None:
+    tg = await tangram.AsyncClient(controller.submit_addr).connect()
+    await tg.api("search").acquire()
+    await tg.api("search").acquire()  # both slots held, never released
+    env = await tg.open_sandbox()
+    await env.exec("true")
+    await tg.close()  # says Bye
+    for _ in range(100):
+        if controller.core.snapshot().apis[0]["in_flight"] == 0 and env.id in agent.destroyed:
+            break
+        await asyncio.sleep(0.02)
+    assert controller.core.snapshot().apis[0]["in_flight"] == 0
+    assert env.id in agent.destroyed
+    async with tangram.AsyncClient(controller.submit_addr) as tg2, tg2.api("search", timeout=2):
+        pass
