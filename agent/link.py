@@ -567,7 +567,8 @@ class Agent:
             if getattr(exc, "status_code", None) == 409 and msg.sandbox in await self._sandbox_names():
                 return p.Result({"existed": True}), []
             raise
-        log.info("sandbox %s created (%s, %d MiB)", msg.sandbox, spec.image, spec.mem_mib)
+        log.info("sandbox %s created (%s, %d MiB)", msg.sandbox,
+                 spec.image if client is not None else "directory", spec.mem_mib)
         return p.Result({}), []
 
     async def _destroy_sandbox(self, msg: p.DestroySandbox, blobs: tuple[bytes, ...]) -> Reply:

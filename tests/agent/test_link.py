@@ -494,6 +494,16 @@ async def test_gpu_service_error_is_remote_error_with_traceback(ctl, start, tmp_
     assert env.msg.code == "REMOTE_ERROR" and "Traceback" in env.msg.detail
 
 
+async def test_configured_services_are_prepared_at_start(ctl, start, tmp_path):
+    pytest.importorskip("agent.gpu.host", reason="the GPU host is not in this tree yet")
+    svc = {"name": "rm", "runtime": "emulated", "model": "agent.gpu.demo_services:reward", "gpu_mem_mib": 64}
+    _, ident, hello = await welcomed(ctl, start, tmp_path, emulated_gpus=1, gpu_mem_mib=1024, services=[svc])
+    assert hello.facts["services"] == ["rm"]
+    payload = msgpack.packb({"response": "a", "reference": "a"})
+    env = await ctl.request(ident, p.Invoke("c", "rm", [0], 5.0), blobs=(payload,))  # no Prepare needed
+    assert msgpack.unpackb(env.blobs[0])["score"] == 1.0
+
+
 # ---------------------------------------------------------------- the real process
 
 
