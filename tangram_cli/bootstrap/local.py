@@ -554,8 +554,9 @@ def up_local(
         return state, True
 
 
-def stop_local_agents(state: st.ClusterState, timeout_s: float = 10.0) -> list[str]:
-    """SIGTERM then SIGKILL every local agent still running (by its recorded pid or agent.pid)."""
+def stop_local_agents(state: st.ClusterState, timeout_s: float = 10.0, grace_s: float = 5.0) -> list[str]:
+    """Give local agents ``grace_s`` to finish their own shutdown (the controller sent them
+    ``Shutdown``), then SIGTERM and SIGKILL those still running (by recorded pid or agent.pid)."""
     stopped = []
     for h in state.hosts:
         if h.connection != "local":
@@ -564,6 +565,10 @@ def stop_local_agents(state: st.ClusterState, timeout_s: float = 10.0) -> list[s
         with contextlib.suppress(OSError, ValueError):
             pids.add(int((Path(h.workdir) / "agent.pid").read_text().strip()))
         for pid in pids:
+            if pid is None or not st.pid_alive(pid, ("agent",)):
+                continue
+            if _wait_gone(pid, grace_s):
+                continue
             if terminate(pid, timeout_s=timeout_s, words=("agent",)) != "gone":
                 stopped.append(f"{h.name} (pid {pid})")
     return stopped

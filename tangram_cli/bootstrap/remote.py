@@ -347,6 +347,7 @@ def up_command(
                     f"controller pid {proc.pid}: agents {state.agents_address}, clients {state.address}"
                 )
         known = {h.name: h for h in state.hosts}
+        previous = set(known)
         for n in nodes:
             known[n.name] = st.HostState(
                 name=n.name,
@@ -379,6 +380,10 @@ def up_command(
                 else:
                     r.started = got_
                     pending.append(n.name)
+            # Remember only hosts that run (or ran) an agent, so `down` does not chase the others.
+            failed_now = {n.name for n in nodes if n.name not in pending}
+            state.hosts = [h for h in state.hosts if h.name not in failed_now or h.name in previous]
+            st.write(state)
             if pending:
 
                 def upd(seen: dict[str, str]) -> None:

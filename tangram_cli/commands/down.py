@@ -46,7 +46,9 @@ def down_cluster(
                 echo(f"controller did not stop within {timeout_s:g}s: killed")
         else:
             echo(f"controller of {name!r} was not running (stale state)")
-        stopped = local.stop_local_agents(state, timeout_s=5.0 if not force else 1.0)
+        stopped = local.stop_local_agents(
+            state, timeout_s=5.0 if not force else 1.0, grace_s=5.0 if alive and not force else 0.5
+        )
         for s in stopped:
             echo(f"stopped agent {s} by pid")
         code = 0

@@ -181,5 +181,26 @@ def test_refused_host_is_partial_with_reason(sshd_factory, ssh_key, tmp_path: Pa
         assert "connection refused" in strict.stdout
     finally:
         down = tangram("down", "-c", cluster, home=home)
-    assert down.returncode in (0, 3), down.stdout + down.stderr
+    assert down.returncode == 0, down.stdout + down.stderr  # node-c never ran an agent
+    assert agent_pids(tmp_path / "nodes") == []
+
+
+def test_down_stops_agents_by_pidfile_when_controller_is_gone(sshd_factory, ssh_key, tmp_path: Path) -> None:
+    import signal
+
+    a, b = sshd_factory("127.0.0.2"), sshd_factory("127.0.0.3")
+    cluster = f"loop-{uuid.uuid4().hex[:8]}"
+    home = tmp_path / "home"
+    inv = write_inventory(tmp_path, ssh_key.path, (a.port, b.port), cluster)
+    up = tangram("up", str(inv), "--timeout", "60s", home=home)
+    assert up.returncode == 0, up.stdout + up.stderr
+    state = json.loads((home / "clusters" / cluster / "state.json").read_text())
+    assert len(agent_pids(tmp_path / "nodes")) == 2
+    os.kill(state["controller_pid"], signal.SIGKILL)  # the controller dies: nobody tells the agents
+    time.sleep(0.5)
+    down = tangram("down", "-c", cluster, home=home)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "stale state" in down.stdout
+    assert "node-a: agent stopped by pidfile" in down.stdout
+    assert "node-b: agent stopped by pidfile" in down.stdout
     assert agent_pids(tmp_path / "nodes") == []
