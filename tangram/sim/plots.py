@@ -75,6 +75,8 @@ def plot_experiment(doc: dict[str, Any], path: str) -> None:
         sw = doc["gpu_sweep"]
         ax2.plot([r["gpus"] for r in sw], [r["mean_act_s"] for r in sw], marker="o", label="tangram")
         ax2.axhline(doc["ours"]["static_mean_act_s"], color="gray", linestyle="--", label="static (36 GPUs)")
+        ax2.set_yscale("log")
+        ax2.set_title(f"batch {sw[0]['batch']}: GPUs for static's ACT")
         ax2.set_xlabel("GPUs given to tangram")
         ax2.set_ylabel("mean ACT (s)")
         ax2.legend()
