@@ -132,10 +132,18 @@ def make_router(ctx: zmq.asyncio.Context, bind: str, port: int) -> tuple[zmq.asy
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
         sock.setsockopt(zmq.IPV6, 1)
-    if port:
-        sock.bind(f"tcp://{host}:{port}")
-        return sock, port
-    sock.bind(f"tcp://{host}:*")
+    try:
+        if port:
+            sock.bind(f"tcp://{host}:{port}")
+            return sock, port
+        sock.bind(f"tcp://{host}:*")
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        from tangram.errors import ConfigError
+
+        raise ConfigError(
+            f"cannot bind tcp://{host}:{port or '*'}: {exc}", hint="pick another port, or 0 for a free one"
+        ) from None
     endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
     return sock, int(endpoint.rsplit(":", 1)[1])
 

@@ -78,6 +78,10 @@ async def test_bad_requests_are_answered_and_others_keep_being_served(controller
         await raw.send_raw([b"TGR9", b"\x24", (5).to_bytes(8, "big"), b"\x80"])
         env3 = await raw.recv()
         assert env3.msg.code == "VERSION"
+        big = p.encode(p.SandboxOpen(), 43)
+        await raw.send_raw([*big[:3], b"\x80" + b"\x00" * (2 << 20)])  # a 2 MiB body
+        env5 = await raw.recv()
+        assert env5.request_id == 43 and env5.msg.code == "BAD_REQUEST" and "1048576" in env5.msg.message
         await raw.send(p.Exec("sb-nope", "true", 1, 1), 42)  # decodes, but not this client's sandbox
         env4 = await raw.final(42)
         assert env4.msg.code == "BAD_REQUEST"
