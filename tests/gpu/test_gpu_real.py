@@ -57,6 +57,22 @@ def _settle(uuid: str, since_mib: int, deadline_s: float = 5.0) -> int:
     return last
 
 
+def _raw_pinned_gbps(torch, dev, mib: int) -> float:
+    """Best of 3 plain pinned host->device copies of ``mib`` MiB: the line rate to compare restores with."""
+    host = torch.empty(mib << 20, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty_like(host, device=dev)
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        dst.copy_(host, non_blocking=True)
+        torch.cuda.synchronize(dev)
+        best = min(best, time.perf_counter() - t0)
+    del host, dst
+    torch.cuda.empty_cache()
+    return (mib << 20) / best / 1e9
+
+
 async def test_torch_pinned_restore_bandwidth_and_memory_returns() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
@@ -71,23 +87,28 @@ async def test_torch_pinned_restore_bandwidth_and_memory_returns() -> None:
     spec = ServiceSpec("blob", "torch", "agent.gpu.demo_services:blob", gpu_mem_mib=RESTORE_MIB + 512,
                        options={"factory_kwargs": {"mib": RESTORE_MIB, "tensors": 16}})
     await host.prepare("blob", spec)
-    assert host._services["blob"].runtime.host_pinned
-    base = nvml.memory_used_mib(gpu.uuid)
+    rt = host._services["blob"].runtime
+    assert rt.host_pinned
+    raw_gbps = _raw_pinned_gbps(torch, dev, 1024)
+    base = _settle(gpu.uuid, 0)
     assert base is not None
     results = []
     for _ in range(2):
         res = await host.load("blob", 0, 1)
+        stats = dict(rt.last_load)
         loaded = nvml.memory_used_mib(gpu.uuid) or 0
         await host.evict("blob", 0, 1)
         after = _settle(gpu.uuid, base)
-        results.append((res, loaded, after))
-        print(f"restore {res.bytes / 2**30:.2f} GiB in {res.seconds:.3f} s = {res.bandwidth_gbps:.1f} GB/s; "
-              f"NVML used MiB: before {base}, loaded {loaded}, after evict {after}")
-    for res, loaded, after in results:
+        results.append((res, loaded, after, rt.last_evict))
+        print(f"restore {res.bytes / 2**30:.2f} GiB in {res.seconds:.3f} s = {res.bandwidth_gbps:.1f} GB/s "
+              f"(raw pinned copy {raw_gbps:.1f} GB/s); NVML used MiB: before {base}, loaded {loaded}, "
+              f"after evict {after}; breakdown {stats}; evict {rt.last_evict}")
+    for res, loaded, after, evicted in results:
         assert res.restored and res.bytes == RESTORE_MIB * 2**20
         assert loaded - base >= RESTORE_MIB * 0.95  # the weights really were on the device
-        assert after - base <= 256  # and the memory came back after evict
-        assert res.bandwidth_gbps > 3.0  # pinned copies beat pageable (~2.8 GB/s); H200 Gen5 ~50 GB/s
+        assert evicted["freed_bytes"] >= res.bytes  # the allocator let go of the whole flat buffer
+        assert after - base < 128, f"evict left {after - base} MiB on the GPU"  # and NVML sees it back
+        assert res.bandwidth_gbps > 0.5 * raw_gbps  # one flat pinned copy: near the H2D line rate
     out = await host.invoke("blob", 0, 1, {"input": [1.0]}, timeout_s=60)  # reloads by itself
     assert out["output"][0] == pytest.approx(1.0 + 16 * 8.0)
     await host.aclose()

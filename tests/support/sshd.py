@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import asyncssh
 import pytest
 
 SSHD = "/usr/sbin/sshd"
@@ -37,6 +36,8 @@ class ClientKey:
 
 
 def make_client_key(directory: Path, name: str = "id_ed25519") -> ClientKey:
+    import asyncssh  # lazily: the plugin must load where asyncssh is not installed (GPU machines)
+
     key = asyncssh.generate_private_key("ssh-ed25519", comment=f"tangram-test-{name}")
     path = directory / name
     key.write_private_key(str(path))
@@ -80,6 +81,8 @@ class Sshd:
         return self.directory / "sshd_config"
 
     def _write_files(self) -> None:
+        import asyncssh
+
         key = asyncssh.generate_private_key("ssh-ed25519", comment=f"host-{self.host}")
         host_key = self.directory / "ssh_host_ed25519_key"
         host_key.unlink(missing_ok=True)
