@@ -27,13 +27,9 @@ def parse_cpulist(text: str) -> set[int]:
 async def test_cpuset_in_container_equals_granted_cores(cluster, docker_client, busybox_image) -> None:
     # busybox, not hostroot: on hosts where /sbin is a symlink Docker cannot mount docker-init
     # (`--init`) into the hostroot image (reported to the agent engineer).
-    from support.docker import running_daemon_url
-
-    url = running_daemon_url()
-    if url is None:
-        pytest.skip(
-            "the agent subprocess needs a dockerd it can reach by URL (a private test dockerd has none)"
-        )
+    adapter = getattr(docker_client.api, "_custom_adapter", None)  # the fixture's daemon, private or not
+    socket_path = getattr(adapter, "socket_path", None)
+    url = f"unix://{socket_path}" if socket_path else docker_client.api.base_url
     env = {"DOCKER_HOST": url}
     c = await cluster(
         "--executor",
