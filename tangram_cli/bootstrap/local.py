@@ -466,7 +466,7 @@ def up_local(
             with contextlib.suppress(TangramError):
                 records = st.query_status(old.status_address, timeout_s=2.0)
             if records is not None:
-                return old, False
+                return old, _restart_dead_agent(old, records, timeout_s, say)
             say("controller process runs but does not answer; restarting it")
             terminate(old.controller_pid, timeout_s=5, words=("tangram",))
         if old is not None:  # stale: clean up what may be left
@@ -552,6 +552,41 @@ def up_local(
                 detail=log_tail(agent_log, 20),
             )
         return state, True
+
+
+def _restart_dead_agent(
+    state: st.ClusterState, records: dict[str, Any], timeout_s: float, say: Callable[[str], None]
+) -> bool:
+    """The controller answers; start the local agent again (from its agent.json) if it died.
+    Returns True when an agent was started."""
+    del records  # the controller may not have noticed the death yet (3 missed heartbeats): trust pids
+    for h in state.hosts:
+        if h.connection != "local" or st.pid_alive(h.pid, ("agent",)):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if st.pid_alive(int((Path(h.workdir) / "agent.pid").read_text().strip()), ("agent",)):
+                continue
+        cfg = Path(h.workdir) / "agent.json"
+        if not cfg.is_file():
+            continue
+        say(f"agent {h.name} is not running; starting it again")
+        log = st.logs_dir(state.name) / f"agent-{h.name}.log"
+        proc = spawn_detached([*AGENT_ARGV, "--config", str(cfg)], log, cwd=Path(h.workdir))
+        h.pid = proc.pid
+        st.write(state)
+
+        def died(proc: subprocess.Popen[bytes] = proc, log: Path = log) -> str | None:
+            if proc.poll() is not None:
+                return f"agent exited with status {proc.returncode}: {log_tail(log, 1)}"
+            return None
+
+        seen = wait_registered(state.status_address, [h.name], timeout_s=timeout_s, alive=died)
+        if not is_up(seen[h.name]):
+            raise BootstrapError(
+                f"local agent failed: {seen[h.name]}", hint=f"read {log}", detail=log_tail(log, 20)
+            )
+        return True
+    return False
 
 
 def stop_local_agents(state: st.ClusterState, timeout_s: float = 10.0, grace_s: float = 5.0) -> list[str]:

@@ -81,6 +81,17 @@ def test_local_up_demo_status_down(tmp_path: Path) -> None:
             assert p["makespan_s"] > 0
         assert doc["static_over_tangram"]["mean_act_s"] is not None
 
+        os.kill(state["hosts"][0]["pid"], 9)  # the agent dies: `up` starts it again, keeps the controller
+        deadline = time.monotonic() + 10
+        while alive(state["hosts"][0]["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        revived = tangram("up", home=home)
+        assert revived.returncode == 0, revived.stdout + revived.stderr
+        assert "starting it again" in revived.stderr
+        new_state = json.loads(state_file.read_text())
+        assert new_state["controller_pid"] == state["controller_pid"]
+        pids.append(new_state["hosts"][0]["pid"])
+
         st = tangram("status", "-o", "json", home=home)
         assert st.returncode == 0, st.stderr
         sdoc = json.loads(st.stdout)
