@@ -4,6 +4,7 @@
 counts seconds from controller start. ``VirtualClock`` only moves when told to
 (``advance_to``) and never backwards: the simulator owns it.
 """
+
 from __future__ import annotations
 
 import time

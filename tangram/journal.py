@@ -10,11 +10,13 @@ dataclasses as ``{"type": ClassName, field: value, ...}`` (nested ones too), enu
 tuples and lists as lists, floats rounded to 9 significant digits. The simulator and the
 live controller write the same format; ``diff`` finds the first record where two differ.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import enum
 import json
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +35,7 @@ def _fields(cls: type) -> tuple[str, ...]:
 
 
 def _num(x: float) -> float | int | str:
-    if x != x or x in (float("inf"), float("-inf")):
+    if math.isnan(x) or math.isinf(x):
         return repr(x)
     return float(f"{x:.{_DIGITS}g}")
 
@@ -77,7 +79,7 @@ class Journal:
 
     @classmethod
     def to_path(cls, path: str | Path, **meta: Any) -> Journal:
-        return cls(open(path, "w", encoding="ascii", newline="\n"), **meta)  # noqa: SIM115 (closed by close())
+        return cls(open(path, "w", encoding="ascii", newline="\n"), **meta)
 
     def _write(self, line: str) -> None:
         if self.stream is None:
@@ -108,7 +110,7 @@ def read(source: str | Path | Iterable[str]) -> tuple[dict[str, Any], list[dict[
         raise ValueError("empty journal: no header line")
     header = json.loads(lines[0])
     if header.get("journal") != "tangram":
-        raise ValueError("not a tangram journal: the first line has no \"journal\": \"tangram\"")
+        raise ValueError('not a tangram journal: the first line has no "journal": "tangram"')
     return header, [json.loads(line) for line in lines[1:]]
 
 

@@ -20,6 +20,7 @@ PURE (a guard test checks it): no clock, no I/O, no global random.
   with exponential backoff (``RetryPolicy``); no leases. Modelled in the client (engine).
 * Combinations join with ``+``: ``api-retry+static`` is the paper's DeepSearch baseline.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -69,7 +70,9 @@ def _int_arg(part: str, arg: str) -> int:
     try:
         n = int(arg)
     except ValueError:
-        raise ConfigError(f"policy {part!r}: {arg!r} is not a whole number", hint="e.g. fixed-dop:16") from None
+        raise ConfigError(
+            f"policy {part!r}: {arg!r} is not a whole number", hint="e.g. fixed-dop:16"
+        ) from None
     if n < 1:
         raise ConfigError(f"policy {part!r}: the number must be >= 1", hint="e.g. fixed-dop:16")
     return n
@@ -100,7 +103,9 @@ def parse_policy(text: str) -> Policy:
         elif name in (MIN, MAX) and not arg:
             policy = name
         else:
-            raise ConfigError(f"unknown policy {part!r}", hint=f"use one of {', '.join(NAMES)}, joined with '+'")
+            raise ConfigError(
+                f"unknown policy {part!r}", hint=f"use one of {', '.join(NAMES)}, joined with '+'"
+            )
     core = CoreConfig(depth=depth, policy=policy, fixed_dop=fixed, cache_aware=not serverless)
     return Policy(text.strip().lower(), core, reserve, static, serverless, direct)
 
@@ -115,7 +120,9 @@ def call_demand(policy: Policy, sizes: tuple[int, ...]) -> Demand:
 Replica = tuple[str, int, int]  # (node, start, size)
 
 
-def static_layout(wants: list[tuple[str, int, int]], nodes: list[tuple[str, int]]) -> dict[str, list[Replica]]:
+def static_layout(
+    wants: list[tuple[str, int, int]], nodes: list[tuple[str, int]]
+) -> dict[str, list[Replica]]:
     """Pin each service (name, GPUs, replica size) to its own GPUs, node by node, in order."""
     free = [(n, c, 0) for n, c in nodes]  # (node, count, next free GPU)
     out: dict[str, list[Replica]] = {}
@@ -128,8 +135,10 @@ def static_layout(wants: list[tuple[str, int, int]], nodes: list[tuple[str, int]
             if i == len(free):
                 have = sum(c for _, c in nodes)
                 need = sum(g for _, g, _ in wants)
-                raise ConfigError(f"static deployment needs {need} GPUs, the cluster has {have}",
-                                  hint="give the cluster more GPU nodes or lower the services' static_gpus")
+                raise ConfigError(
+                    f"static deployment needs {need} GPUs, the cluster has {have}",
+                    hint="give the cluster more GPU nodes or lower the services' static_gpus",
+                )
             node, count, nxt = free[i]
             reps.append((node, nxt, size))
             free[i] = (node, count, nxt + size)
@@ -159,9 +168,9 @@ class StaticGpu:
             service, rep = self.running.pop(event.action_id)
             self.free[service].append(rep)
             self.free[service].sort()
-            return [cmd.Done(event.action_id, event.ok, event.reason)] + self._dispatch(service)
+            return [cmd.Done(event.action_id, event.ok, event.reason), *self._dispatch(service)]
         if isinstance(event, ev.ActionCancelled):
-            for service, q in self.queue.items():
+            for q in self.queue.values():
                 for spec in q:
                     if spec.action_id == event.action_id:
                         q.remove(spec)
@@ -186,8 +195,11 @@ class StaticGpu:
             node, start, size = self.layout[service][rep]
             t = spec.t_ori if spec.t_ori is not None else self.inner.config.default_duration_s
             self.running[spec.action_id] = (service, rep)
-            out.append(cmd.Invoke(spec.action_id, node, service, start, start + size,
-                                  duration(t, spec.elasticity, size)))
+            out.append(
+                cmd.Invoke(
+                    spec.action_id, node, service, start, start + size, duration(t, spec.elasticity, size)
+                )
+            )
         return out
 
     def next_deadline(self) -> float | None:
@@ -197,7 +209,9 @@ class StaticGpu:
         return self.inner.snapshot()
 
 
-def make_core(policy: Policy, seed: int, layout: dict[str, list[Replica]] | None = None) -> Scheduler | StaticGpu:
+def make_core(
+    policy: Policy, seed: int, layout: dict[str, list[Replica]] | None = None
+) -> Scheduler | StaticGpu:
     inner = Scheduler(policy.core, seed)
     if policy.static:
         return StaticGpu(inner, layout or {})

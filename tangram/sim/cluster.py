@@ -16,6 +16,7 @@ shared/design/anchors.md (each field says which row):
   start latency grows with load;
 * ``Kill`` finishes the action at once with ``ok=False``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -68,8 +69,9 @@ class ClusterSpec:
         kw: dict[str, Any] = {}
         for k, v in doc.items():
             if k not in names:
-                raise ConfigError(f"{where}: unknown cluster field {k!r}",
-                                  hint=f"known fields: {', '.join(sorted(names))}")
+                raise ConfigError(
+                    f"{where}: unknown cluster field {k!r}", hint=f"known fields: {', '.join(sorted(names))}"
+                )
             if k == "gpu_nodes":
                 v = tuple(int(x) for x in v)
             elif k == "static_gpus":
@@ -85,9 +87,11 @@ class ClusterSpec:
         out = []
         per = self.cores_per_node // max(1, self.numa_per_node)
         cpus = tuple(range(self.cores_per_node))
-        numa = tuple(cpus[i:i + per] for i in range(0, self.cores_per_node, per))
+        numa = tuple(cpus[i : i + per] for i in range(0, self.cores_per_node, per))
         for i in range(self.cpu_nodes):
-            out.append(ev.NodeJoined(f"cpu-{i:02d}", cpus=cpus, numa=numa, mem_mib=int(self.cpu_mem_gib * GIB)))
+            out.append(
+                ev.NodeJoined(f"cpu-{i:02d}", cpus=cpus, numa=numa, mem_mib=int(self.cpu_mem_gib * GIB))
+            )
         for i, g in enumerate(self.gpu_nodes):
             out.append(ev.NodeJoined(f"gpu-{i:02d}", gpus=g, gpu_mem_mib=int(self.gpu_mem_gib * GIB)))
         return out
@@ -102,7 +106,9 @@ def load_cluster(path: str | Path | None) -> ClusterSpec:
     try:
         doc = yaml.safe_load(Path(path).read_text()) or {}
     except OSError as exc:
-        raise ConfigError(f"cannot read cluster file {path}: {exc.strerror}", hint="check the --cluster path") from None
+        raise ConfigError(
+            f"cannot read cluster file {path}: {exc.strerror}", hint="check the --cluster path"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}", hint="fix the cluster file") from None
     if not isinstance(doc, dict):
@@ -156,7 +162,9 @@ class ClusterModel:
             elif t is cmd.Invoke:
                 tr = self.truth(c.action_id)
                 size = c.end - c.start
-                restore = self.spec.restore_s(tr.model_gb, size) if (c.node, c.service, c.start) in loaded else 0.0
+                restore = (
+                    self.spec.restore_s(tr.model_gb, size) if (c.node, c.service, c.start) in loaded else 0.0
+                )
                 self.restores += restore > 0
                 end = now + restore + duration(tr.t_ori, tr.elasticity, size)
                 self.runs[c.action_id] = Run(now, end, size, "gpu", restore, now)

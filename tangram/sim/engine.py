@@ -6,6 +6,7 @@ action after its generation time) and direct API attempts (the api-retry baselin
 each core event a ``Tick`` is queued at ``core.next_deadline()``. Ties at one instant keep
 insertion order (``seq``), so a run is a pure function of (workload, batch, policy, seed).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -74,12 +75,22 @@ class SimResult:
 
 
 class Engine:
-    def __init__(self, workload: Workload, policy: Policy, spec: ClusterSpec | None = None, batch: int = 64,
-                 seed: int = 0, steps: int = 1, journal: Journal | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        spec: ClusterSpec | None = None,
+        batch: int = 64,
+        seed: int = 0,
+        steps: int = 1,
+        journal: Journal | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.workload, self.policy, self.batch, self.seed, self.steps = workload, policy, batch, seed, steps
         base = spec or ClusterSpec()
-        self.spec = base.overridden(workload.cluster, f"{workload.name}.cluster") if workload.cluster else base
+        self.spec = (
+            base.overridden(workload.cluster, f"{workload.name}.cluster") if workload.cluster else base
+        )
         self.journal, self.progress = journal, progress
         self.clock = VirtualClock()
         self.heap: list[tuple[float, int, int, Any]] = []
@@ -154,9 +165,24 @@ class Engine:
                 self._start_step(item)
         counters = dict(getattr(self.core, "inner", self.core).counters)
         counters["restores"] = self.cluster.restores
-        return SimResult(self.workload.name, self.policy.name, self.batch, self.seed, self.spec, self.records,
-                         self.trajs, self._steps, self.workload.train_s, self.cluster.runs, self._pods,
-                         self.static_gpus, self.events, time.perf_counter() - wall, self.decide_s, counters)
+        return SimResult(
+            self.workload.name,
+            self.policy.name,
+            self.batch,
+            self.seed,
+            self.spec,
+            self.records,
+            self.trajs,
+            self._steps,
+            self.workload.train_s,
+            self.cluster.runs,
+            self._pods,
+            self.static_gpus,
+            self.events,
+            time.perf_counter() - wall,
+            self.decide_s,
+            counters,
+        )
 
     def _feed(self, event: ev.Event) -> None:
         now = self.clock.now()
@@ -222,13 +248,37 @@ class Engine:
     def _spec(self, aid: str, tr: Traj, p: ActionPlan) -> ActionSpec:
         tid, task = tr.plan.tid, tr.plan.task
         if p.kind == "exec":
-            return ActionSpec(aid, Kind.EXEC, ((CPU, Demand.range(p.lo, p.hi)),), CPU, p.action_type, tid, task, tid,
-                              tid, elasticity=self._elasticity(p.serial), t_ori=p.profile)
+            return ActionSpec(
+                aid,
+                Kind.EXEC,
+                ((CPU, Demand.range(p.lo, p.hi)),),
+                CPU,
+                p.action_type,
+                tid,
+                task,
+                tid,
+                tid,
+                elasticity=self._elasticity(p.serial),
+                t_ori=p.profile,
+            )
         if p.kind == "call":
-            return ActionSpec(aid, Kind.CALL, ((GPU, call_demand(self.policy, p.gpus)),), GPU, p.action_type, tid, task,
-                              tid, service=p.service, elasticity=self._elasticity(p.serial), t_ori=p.profile)
+            return ActionSpec(
+                aid,
+                Kind.CALL,
+                ((GPU, call_demand(self.policy, p.gpus)),),
+                GPU,
+                p.action_type,
+                tid,
+                task,
+                tid,
+                service=p.service,
+                elasticity=self._elasticity(p.serial),
+                t_ori=p.profile,
+            )
         res = api_resource(p.api)
-        return ActionSpec(aid, Kind.LEASE, ((res, Demand.fixed(1)),), res, p.action_type, tid, task, tid, api=p.api)
+        return ActionSpec(
+            aid, Kind.LEASE, ((res, Demand.fixed(1)),), res, p.action_type, tid, task, tid, api=p.api
+        )
 
     def _truth(self, aid: str) -> Truth:
         _, p, _ = self.acts[aid]

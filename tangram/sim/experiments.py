@@ -1,6 +1,7 @@
 """The paper's experiments (§6) as runs of the simulator. Each returns a JSON-ready dict:
 ``{"experiment", "rows": [...], "paper": {...}, "ours": {...}}`` where ``rows`` has one
 entry per (configuration, policy) with the metrics of ``metrics.summarize``."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,17 +16,39 @@ from tangram.sim.metrics import summarize
 
 EXPERIMENTS = ("fig6", "fig7", "fig8-cpu", "fig8-gpu", "fig9", "table1")
 # The paper's baseline per workload (§6).
-BASELINE = {"coding": "k8s", "deepsearch": "api-retry+static", "mopd": "static", "mopd+search": "api-retry+static"}
-FIG6_BATCH = {"coding": 2048, "deepsearch": 512, "mopd": 2048, "mopd+search": 1024}  # assumption: loaded cluster
+BASELINE = {
+    "coding": "k8s",
+    "deepsearch": "api-retry+static",
+    "mopd": "static",
+    "mopd+search": "api-retry+static",
+}
+FIG6_BATCH = {
+    "coding": 2048,
+    "deepsearch": 512,
+    "mopd": 2048,
+    "mopd+search": 1024,
+}  # assumption: loaded cluster
 
 Progress = Callable[[str], None]
 CPU_PATH_S = 0.0037  # per CPU action: cgroup write + nsenter + write back (anchors.md §1.6 direct path)
 
 
-def run_one(workload: str, policy: str, batch: int, seed: int, spec: ClusterSpec | None = None,
-            on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    r = simulate(workloads.load(workload), parse_policy(policy), spec=spec, batch=batch, seed=seed,
-                 progress=on_progress)
+def run_one(
+    workload: str,
+    policy: str,
+    batch: int,
+    seed: int,
+    spec: ClusterSpec | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    r = simulate(
+        workloads.load(workload),
+        parse_policy(policy),
+        spec=spec,
+        batch=batch,
+        seed=seed,
+        progress=on_progress,
+    )
     return summarize(r)
 
 
@@ -43,15 +66,21 @@ def fig6(seed: int, spec: ClusterSpec | None, note: Progress, batch: int | None 
             pair[p] = run_one(w, p, b, seed, spec)
             rows.append(pair[p])
         t, k = pair["tangram"], pair[base]
-        ours[w] = {"baseline": base, "batch": b,
-                   "total_act_x": _ratio(k["total_act_s"], t["total_act_s"]),
-                   "env_act_x": _ratio(k["env_act_s"], t["env_act_s"]),
-                   "reward_act_x": _ratio(k["reward_act_s"], t["reward_act_s"]),
-                   "mean_act_x": _ratio(k["mean_act_s"], t["mean_act_s"]),
-                   "step_x": _ratio(k["step_time_s"], t["step_time_s"]),
-                   "baseline_failed_calls": k["failed"]}
-    paper = {"coding": {"total_act_x": 4.3, "env_act_x": 9.0, "reward_act_x": 2.8, "step_x": 1.4},
-             "deepsearch": {"step_x": 1.5}, "mopd": {"step_x": "smaller (long-tail bound)"}}
+        ours[w] = {
+            "baseline": base,
+            "batch": b,
+            "total_act_x": _ratio(k["total_act_s"], t["total_act_s"]),
+            "env_act_x": _ratio(k["env_act_s"], t["env_act_s"]),
+            "reward_act_x": _ratio(k["reward_act_s"], t["reward_act_s"]),
+            "mean_act_x": _ratio(k["mean_act_s"], t["mean_act_s"]),
+            "step_x": _ratio(k["step_time_s"], t["step_time_s"]),
+            "baseline_failed_calls": k["failed"],
+        }
+    paper = {
+        "coding": {"total_act_x": 4.3, "env_act_x": 9.0, "reward_act_x": 2.8, "step_x": 1.4},
+        "deepsearch": {"step_x": 1.5},
+        "mopd": {"step_x": "smaller (long-tail bound)"},
+    }
     return {"experiment": "fig6", "rows": rows, "paper": paper, "ours": ours}
 
 
@@ -59,14 +88,24 @@ def fig7(seed: int, spec: ClusterSpec | None, note: Progress, batch: int | None 
     doc = fig6(seed, spec, note, batch)
     doc["experiment"] = "fig7"
     doc["breakdown"] = [
-        {"workload": r["workload"], "policy": r["policy"], "env_act_s": r["env_act_s"],
-         "reward_act_s": r["reward_act_s"], "step_time_s": r["step_time_s"]} for r in doc["rows"]
+        {
+            "workload": r["workload"],
+            "policy": r["policy"],
+            "env_act_s": r["env_act_s"],
+            "reward_act_s": r["reward_act_s"],
+            "step_time_s": r["step_time_s"],
+        }
+        for r in doc["rows"]
     ]
     return doc
 
 
-def fig8_cpu(seed: int, spec: ClusterSpec | None, note: Progress, batches: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
-             ) -> dict[str, Any]:
+def fig8_cpu(
+    seed: int,
+    spec: ClusterSpec | None,
+    note: Progress,
+    batches: tuple[int, ...] = (256, 512, 1024, 2048, 4096),
+) -> dict[str, Any]:
     rows, ours = [], {}
     for b in batches:
         pair = {}
@@ -75,13 +114,21 @@ def fig8_cpu(seed: int, spec: ClusterSpec | None, note: Progress, batches: tuple
             pair[p] = run_one("coding", p, b, seed, spec)
             rows.append(pair[p])
         ours[str(b)] = _ratio(pair["k8s"]["mean_act_s"], pair["tangram"]["mean_act_s"])
-    return {"experiment": "fig8-cpu", "rows": rows, "paper": {"mean_act_x": "3.1 -> 27.7 as the batch grows"},
-            "ours": {"mean_act_x_by_batch": ours}}
+    return {
+        "experiment": "fig8-cpu",
+        "rows": rows,
+        "paper": {"mean_act_x": "3.1 -> 27.7 as the batch grows"},
+        "ours": {"mean_act_x_by_batch": ours},
+    }
 
 
-def fig8_gpu(seed: int, spec: ClusterSpec | None, note: Progress,
-             batches: tuple[int, ...] = (256, 512, 1024, 2048), gpus: tuple[int, ...] = (4, 8, 12, 16, 24, 32, 40)
-             ) -> dict[str, Any]:
+def fig8_gpu(
+    seed: int,
+    spec: ClusterSpec | None,
+    note: Progress,
+    batches: tuple[int, ...] = (256, 512, 1024, 2048),
+    gpus: tuple[int, ...] = (4, 8, 12, 16, 24, 32, 40),
+) -> dict[str, Any]:
     base = spec or ClusterSpec()
     rows, ours = [], {}
     for b in batches:
@@ -90,8 +137,10 @@ def fig8_gpu(seed: int, spec: ClusterSpec | None, note: Progress,
             note(f"fig8-gpu mopd batch {b} {p}")
             res[p] = run_one("mopd", p, b, seed, base)
             rows.append(res[p])
-        ours[str(b)] = {"vs_static_x": _ratio(res["static"]["mean_act_s"], res["tangram"]["mean_act_s"]),
-                        "vs_serverless_x": _ratio(res["serverless"]["mean_act_s"], res["tangram"]["mean_act_s"])}
+        ours[str(b)] = {
+            "vs_static_x": _ratio(res["static"]["mean_act_s"], res["tangram"]["mean_act_s"]),
+            "vs_serverless_x": _ratio(res["serverless"]["mean_act_s"], res["tangram"]["mean_act_s"]),
+        }
     top = batches[-1]
     target = next(r for r in rows if r["batch"] == top and r["policy"] == "static")["mean_act_s"]
     sweep, equal = [], None
@@ -102,15 +151,27 @@ def fig8_gpu(seed: int, spec: ClusterSpec | None, note: Progress,
         sweep.append(r)
         if equal is None and r["mean_act_s"] <= target:
             equal = g
-    return {"experiment": "fig8-gpu", "rows": rows, "gpu_sweep": sweep,
-            "paper": {"vs_static_x_at_2048": 18.1, "gpu_share_for_equal_act": 0.29},
-            "ours": {"by_batch": ours, "static_mean_act_s": target, "static_gpus": 36,
-                     "gpus_for_equal_act": equal,
-                     "gpu_share_for_equal_act": (equal / base.total_gpus) if equal else None}}
+    return {
+        "experiment": "fig8-gpu",
+        "rows": rows,
+        "gpu_sweep": sweep,
+        "paper": {"vs_static_x_at_2048": 18.1, "gpu_share_for_equal_act": 0.29},
+        "ours": {
+            "by_batch": ours,
+            "static_mean_act_s": target,
+            "static_gpus": 36,
+            "gpus_for_equal_act": equal,
+            "gpu_share_for_equal_act": (equal / base.total_gpus) if equal else None,
+        },
+    }
 
 
-def fig9(seed: int, spec: ClusterSpec | None, note: Progress, batches: tuple[int, ...] = (256, 512, 1024, 1280, 2048)
-         ) -> dict[str, Any]:
+def fig9(
+    seed: int,
+    spec: ClusterSpec | None,
+    note: Progress,
+    batches: tuple[int, ...] = (256, 512, 1024, 1280, 2048),
+) -> dict[str, Any]:
     rows, ours = [], {}
     for b in batches:
         pair = {}
@@ -119,14 +180,17 @@ def fig9(seed: int, spec: ClusterSpec | None, note: Progress, batches: tuple[int
             pair[p] = run_one("coding", p, b, seed, spec)
             rows.append(pair[p])
         t, f = pair["tangram"], pair["fixed-dop:16"]
-        ours[str(b)] = {"reward_act_x": _ratio(f["reward_act_s"], t["reward_act_s"]),
-                        "mean_act_x": _ratio(f["mean_act_s"], t["mean_act_s"]),
-                        "step_x": _ratio(f["step_time_s"], t["step_time_s"])}
+        ours[str(b)] = {
+            "reward_act_x": _ratio(f["reward_act_s"], t["reward_act_s"]),
+            "mean_act_x": _ratio(f["mean_act_s"], t["mean_act_s"]),
+            "step_x": _ratio(f["step_time_s"], t["step_time_s"]),
+        }
     return {"experiment": "fig9", "rows": rows, "paper": {"vs_fixed16_x_at_1280": 3.0}, "ours": ours}
 
 
-def table1(seed: int, spec: ClusterSpec | None, note: Progress, batches: tuple[int, ...] = (256, 1024, 2048)
-           ) -> dict[str, Any]:
+def table1(
+    seed: int, spec: ClusterSpec | None, note: Progress, batches: tuple[int, ...] = (256, 1024, 2048)
+) -> dict[str, Any]:
     """Scheduler decision time (measured here, CPython) and the modelled per-action control
     overhead: 3.7 ms per CPU action on the direct path (anchors.md §1.6) and GPU restores."""
     rows, ours = [], {}
@@ -144,15 +208,22 @@ def table1(seed: int, spec: ClusterSpec | None, note: Progress, batches: tuple[i
                 share = r["restore_share"] + decide / run_s if run_s else None
             r["overhead_share"] = share
             rows.append(r)
-            ours[f"{w}@{b}"] = {"decide_mean_us": r["decide_mean_us"], "decide_p99_us": r["decide_p99_us"],
-                                "overhead_share": share}
-    return {"experiment": "table1", "rows": rows,
-            "paper": {"cpu_overhead": "< 3%", "gpu_overhead": "~25% (mostly restore), flat in concurrency"},
-            "ours": ours}
+            ours[f"{w}@{b}"] = {
+                "decide_mean_us": r["decide_mean_us"],
+                "decide_p99_us": r["decide_p99_us"],
+                "overhead_share": share,
+            }
+    return {
+        "experiment": "table1",
+        "rows": rows,
+        "paper": {"cpu_overhead": "< 3%", "gpu_overhead": "~25% (mostly restore), flat in concurrency"},
+        "ours": ours,
+    }
 
 
-def run_experiment(name: str, seed: int, spec: ClusterSpec | None, note: Progress,
-                   batch: int | None = None) -> dict[str, Any]:
+def run_experiment(
+    name: str, seed: int, spec: ClusterSpec | None, note: Progress, batch: int | None = None
+) -> dict[str, Any]:
     if name == "fig6":
         return fig6(seed, spec, note, batch)
     if name == "fig7":

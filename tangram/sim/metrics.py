@@ -15,6 +15,7 @@ Definitions (docs/simulator.md):
 * GPU: ``gpu_busy_s`` = GPUs x (restore + run); held = the same, or the static deployment's
   GPUs x rollout time; ``restore_share`` = restore time / GPU busy time.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -50,27 +51,45 @@ def summarize(r: SimResult) -> dict[str, Any]:
     rollout = sum(b - a for a, b in r.steps)
     steps = max(1, len(r.steps))
     out: dict[str, Any] = {
-        "policy": r.policy, "workload": r.workload, "batch": r.batch, "seed": r.seed,
-        "actions": len(r.records), "failed": sum(1 for x in r.records if not x.ok),
-        "mean_act_s": _mean(acts), "p50_act_s": _pct(acts, 0.5), "p99_act_s": _pct(acts, 0.99),
-        "env_act_s": env, "reward_act_s": rew, "total_act_s": env + rew,
-        "mean_env_act_s": _mean([a for a, x in zip(acts, r.records) if x.category == "env"]),
-        "mean_reward_act_s": _mean([a for a, x in zip(acts, r.records) if x.category == "reward"]),
+        "policy": r.policy,
+        "workload": r.workload,
+        "batch": r.batch,
+        "seed": r.seed,
+        "actions": len(r.records),
+        "failed": sum(1 for x in r.records if not x.ok),
+        "mean_act_s": _mean(acts),
+        "p50_act_s": _pct(acts, 0.5),
+        "p99_act_s": _pct(acts, 0.99),
+        "env_act_s": env,
+        "reward_act_s": rew,
+        "total_act_s": env + rew,
+        "mean_env_act_s": _mean([a for a, x in zip(acts, r.records, strict=True) if x.category == "env"]),
+        "mean_reward_act_s": _mean(
+            [a for a, x in zip(acts, r.records, strict=True) if x.category == "reward"]
+        ),
         "queue_share": sum(queue) / sum(acts) if sum(acts) > 0 else 0.0,
-        "rollout_s": rollout / steps, "step_time_s": rollout / steps + r.train_s,
+        "rollout_s": rollout / steps,
+        "step_time_s": rollout / steps + r.train_s,
         "api_attempts": sum(x.attempts for x in r.records),
     }
     out.update(_resources(r, rollout))
     d = list(r.decide_s)
-    out.update({"events": r.events, "wall_s": r.wall_s, "events_per_s": r.events / r.wall_s if r.wall_s else 0.0,
-                "decide_mean_us": _mean(d) * 1e6, "decide_p99_us": _pct(d, 0.99) * 1e6})
+    out.update(
+        {
+            "events": r.events,
+            "wall_s": r.wall_s,
+            "events_per_s": r.events / r.wall_s if r.wall_s else 0.0,
+            "decide_mean_us": _mean(d) * 1e6,
+            "decide_p99_us": _pct(d, 0.99) * 1e6,
+        }
+    )
     return out
 
 
 def _resources(r: SimResult, rollout: float) -> dict[str, Any]:
     cpu_busy = cpu_held = gpu_busy = gpu_held = restore = cpu_run = 0.0
     cpu_n = 0
-    for aid, run in r.runs.items():
+    for run in r.runs.values():
         if run.resource == "cpu":
             cpu_run += max(0.0, run.end - run.start)
             cpu_n += 1
@@ -90,13 +109,16 @@ def _resources(r: SimResult, rollout: float) -> dict[str, Any]:
         gpu_held = r.static_gpus * rollout
     cores, gpus = r.spec.total_cores, r.spec.total_gpus
     return {
-        "cpu_busy_core_s": cpu_busy, "cpu_held_core_s": cpu_held,
+        "cpu_busy_core_s": cpu_busy,
+        "cpu_held_core_s": cpu_held,
         "cpu_util": cpu_busy / (cores * rollout) if cores and rollout else 0.0,
         "cpu_efficiency": cpu_busy / cpu_held if cpu_held else 0.0,
-        "gpu_busy_s": gpu_busy, "gpu_held_s": gpu_held,
+        "gpu_busy_s": gpu_busy,
+        "gpu_held_s": gpu_held,
         "gpu_util": gpu_busy / (gpus * rollout) if gpus and rollout else 0.0,
         "gpu_efficiency": gpu_busy / gpu_held if gpu_held else 0.0,
         "restore_share": restore / gpu_busy if gpu_busy else 0.0,
         "cpu_mean_run_s": cpu_run / cpu_n if cpu_n else 0.0,
-        "gpus": gpus, "cores": cores,
+        "gpus": gpus,
+        "cores": cores,
     }

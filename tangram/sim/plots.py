@@ -1,5 +1,6 @@
 """PNG plots of simulator results (matplotlib, imported lazily; `pip install matplotlib`
 or the `[plot]` extra)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,8 +15,10 @@ def _plt() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ConfigError("--plot needs matplotlib, which is not installed",
-                          hint="pip install matplotlib (or pip install 'tangram-rl[plot]')") from None
+        raise ConfigError(
+            "--plot needs matplotlib, which is not installed",
+            hint="pip install matplotlib (or pip install 'tangram-rl[plot]')",
+        ) from None
     return plt
 
 
@@ -34,10 +37,18 @@ def plot_runs(doc: dict[str, dict[str, Any]], path: str, title: str) -> None:
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     pols = list(doc)
-    _bars(axes[0], ["mean", "p50", "p99"], {p: [doc[p]["mean_act_s"], doc[p]["p50_act_s"], doc[p]["p99_act_s"]]
-                                            for p in pols}, "ACT (s)")
-    _bars(axes[1], ["env", "reward", "step"], {p: [doc[p]["env_act_s"], doc[p]["reward_act_s"], doc[p]["step_time_s"]]
-                                               for p in pols}, "seconds (per trajectory / per step)")
+    _bars(
+        axes[0],
+        ["mean", "p50", "p99"],
+        {p: [doc[p]["mean_act_s"], doc[p]["p50_act_s"], doc[p]["p99_act_s"]] for p in pols},
+        "ACT (s)",
+    )
+    _bars(
+        axes[1],
+        ["env", "reward", "step"],
+        {p: [doc[p]["env_act_s"], doc[p]["reward_act_s"], doc[p]["step_time_s"]] for p in pols},
+        "seconds (per trajectory / per step)",
+    )
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -54,11 +65,20 @@ def plot_experiment(doc: dict[str, Any], path: str) -> None:
         tang = [next(r for r in rows if r["workload"] == w and r["policy"] == "tangram") for w in labels]
         base = [next(r for r in rows if r["workload"] == w and r["policy"] != "tangram") for w in labels]
         if name == "fig6":
-            _bars(ax, labels, {"baseline": [r["total_act_s"] for r in base],
-                               "tangram": [r["total_act_s"] for r in tang]}, "ACT per trajectory (s)")
-            for j, (b, t) in enumerate(zip(base, tang)):
-                ax.annotate(f"step {b['step_time_s']:.0f}s -> {t['step_time_s']:.0f}s", (j, 0), ha="center",
-                            va="bottom", fontsize=8)
+            _bars(
+                ax,
+                labels,
+                {"baseline": [r["total_act_s"] for r in base], "tangram": [r["total_act_s"] for r in tang]},
+                "ACT per trajectory (s)",
+            )
+            for j, (b, t) in enumerate(zip(base, tang, strict=True)):
+                ax.annotate(
+                    f"step {b['step_time_s']:.0f}s -> {t['step_time_s']:.0f}s",
+                    (j, 0),
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                )
         else:
             xs = range(len(labels))
             for off, rs, lab in ((-0.2, base, "baseline"), (0.2, tang, "tangram")):
@@ -82,8 +102,15 @@ def plot_experiment(doc: dict[str, Any], path: str) -> None:
         ax2.legend()
     elif name == "table1":
         labels = list(doc["ours"])
-        _bars(ax, labels, {"decide mean (us)": [doc["ours"][k]["decide_mean_us"] for k in labels],
-                           "decide p99 (us)": [doc["ours"][k]["decide_p99_us"] for k in labels]}, "microseconds")
+        _bars(
+            ax,
+            labels,
+            {
+                "decide mean (us)": [doc["ours"][k]["decide_mean_us"] for k in labels],
+                "decide p99 (us)": [doc["ours"][k]["decide_p99_us"] for k in labels],
+            },
+            "microseconds",
+        )
     else:
         _line(ax, rows, "mean ACT (s)")
     ax.set_title(f"{name} (simulated)")

@@ -22,6 +22,7 @@ YAML schema (every value is documented in the files themselves)::
 DIST is a number, or ``{dist: lognormal, median, sigma[, lo, hi]}``, ``{dist: uniform, lo,
 hi}``, ``{dist: uniform_int, lo, hi}``.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,17 +70,26 @@ def parse_dist(v: Any, where: str) -> Dist:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return Dist("const", float(v))
     if not isinstance(v, dict) or "dist" not in v:
-        raise ConfigError(f"{where}: expected a number or a {{dist: ...}} mapping, got {v!r}",
-                          hint="see the schema in tangram/sim/workloads.py")
+        raise ConfigError(
+            f"{where}: expected a number or a {{dist: ...}} mapping, got {v!r}",
+            hint="see the schema in tangram/sim/workloads.py",
+        )
     kind = v["dist"]
     try:
         if kind == "lognormal":
-            return Dist(kind, float(v["median"]), float(v["sigma"]), float(v.get("lo", -math.inf)),
-                        float(v.get("hi", math.inf)))
+            return Dist(
+                kind,
+                float(v["median"]),
+                float(v["sigma"]),
+                float(v.get("lo", -math.inf)),
+                float(v.get("hi", math.inf)),
+            )
         if kind in ("uniform", "uniform_int"):
             return Dist(kind, float(v["lo"]), float(v["hi"]))
     except KeyError as exc:
-        raise ConfigError(f"{where}: {kind} needs {exc.args[0]!r}", hint="see tangram/sim/workloads.py") from None
+        raise ConfigError(
+            f"{where}: {kind} needs {exc.args[0]!r}", hint="see tangram/sim/workloads.py"
+        ) from None
     raise ConfigError(f"{where}: unknown dist {kind!r}", hint="use lognormal, uniform or uniform_int")
 
 
@@ -193,13 +203,20 @@ class TrajPlan:
 def _action(d: dict[str, Any], where: str) -> ActionKind:
     kind = d.get("kind")
     if kind not in ("exec", "api", "call"):
-        raise ConfigError(f"{where}: kind must be exec, api or call, got {kind!r}", hint="fix the workload file")
+        raise ConfigError(
+            f"{where}: kind must be exec, api or call, got {kind!r}", hint="fix the workload file"
+        )
     cores = d.get("cores", [1, 1])
     return ActionKind(
-        name=str(d.get("name", kind)), kind=kind, t_ori=parse_dist(d.get("t_ori_s"), f"{where}.t_ori_s"),
-        weight=float(d.get("weight", 1.0)), cores=(int(cores[0]), int(cores[1])),
+        name=str(d.get("name", kind)),
+        kind=kind,
+        t_ori=parse_dist(d.get("t_ori_s"), f"{where}.t_ori_s"),
+        weight=float(d.get("weight", 1.0)),
+        cores=(int(cores[0]), int(cores[1])),
         serial_fraction=None if d.get("serial_fraction") is None else float(d["serial_fraction"]),
-        profiled=bool(d.get("profiled", False)), api=str(d.get("api", "")), service=str(d.get("service", "")),
+        profiled=bool(d.get("profiled", False)),
+        api=str(d.get("api", "")),
+        service=str(d.get("service", "")),
         gpus=tuple(int(g) for g in d.get("gpus", [1])),
     )
 
@@ -207,25 +224,46 @@ def _action(d: dict[str, Any], where: str) -> ActionKind:
 def from_dict(doc: dict[str, Any], where: str = "workload") -> Workload:
     if "mix" in doc:
         mix = tuple((load(m["workload"]), float(m["share"])) for m in doc["mix"])
-        return Workload(name=str(doc["name"]), description=str(doc.get("description", "")), mix=mix,
-                        train_s=float(doc.get("train_s", 0.0)), cluster=dict(doc.get("cluster") or {}))
+        return Workload(
+            name=str(doc["name"]),
+            description=str(doc.get("description", "")),
+            mix=mix,
+            train_s=float(doc.get("train_s", 0.0)),
+            cluster=dict(doc.get("cluster") or {}),
+        )
     services = tuple(
-        ServiceGroup(str(s["name"]), int(s.get("count", 1)), float(s["model_gb"]),
-                     tuple(int(c) for c in s.get("chunk_sizes", [1])),
-                     None if s.get("serial_fraction") is None else float(s["serial_fraction"]),
-                     int(s.get("static_gpus", 1)), str(s.get("pick", "uniform")), float(s.get("zipf_s", 1.0)))
+        ServiceGroup(
+            str(s["name"]),
+            int(s.get("count", 1)),
+            float(s["model_gb"]),
+            tuple(int(c) for c in s.get("chunk_sizes", [1])),
+            None if s.get("serial_fraction") is None else float(s["serial_fraction"]),
+            int(s.get("static_gpus", 1)),
+            str(s.get("pick", "uniform")),
+            float(s.get("zipf_s", 1.0)),
+        )
         for s in doc.get("services") or []
     )
-    apis = tuple(ApiSpec(str(a["name"]), str(a["mode"]), int(a["limit"]), float(a.get("period_s", 60.0)))
-                 for a in doc.get("apis") or [])
+    apis = tuple(
+        ApiSpec(str(a["name"]), str(a["mode"]), int(a["limit"]), float(a.get("period_s", 60.0)))
+        for a in doc.get("apis") or []
+    )
     tools = tuple(_action(t, f"{where}.tools[{i}]") for i, t in enumerate(doc.get("tools") or []))
     reward = _action(doc["reward"], f"{where}.reward") if doc.get("reward") else None
     return Workload(
-        name=str(doc["name"]), description=str(doc.get("description", "")),
-        turns=parse_dist(doc.get("turns", 0), f"{where}.turns"), think_s=parse_dist(doc.get("think_s", 0), f"{where}.think_s"),
-        tools=tools, reward=reward, services=services, apis=apis, train_s=float(doc.get("train_s", 0.0)),
-        sandbox_mem_mib=int(float(doc.get("sandbox_mem_gib", 0)) * 1024), pod_cores=int(doc.get("pod_cores", 4)),
-        noise_sigma=float(doc.get("noise_sigma", 0.1)), cluster=dict(doc.get("cluster") or {}),
+        name=str(doc["name"]),
+        description=str(doc.get("description", "")),
+        turns=parse_dist(doc.get("turns", 0), f"{where}.turns"),
+        think_s=parse_dist(doc.get("think_s", 0), f"{where}.think_s"),
+        tools=tools,
+        reward=reward,
+        services=services,
+        apis=apis,
+        train_s=float(doc.get("train_s", 0.0)),
+        sandbox_mem_mib=int(float(doc.get("sandbox_mem_gib", 0)) * 1024),
+        pod_cores=int(doc.get("pod_cores", 4)),
+        noise_sigma=float(doc.get("noise_sigma", 0.1)),
+        cluster=dict(doc.get("cluster") or {}),
     )
 
 
@@ -239,8 +277,10 @@ def load(name_or_path: str) -> Workload:
         try:
             text = resources.files("tangram.sim").joinpath("workloads", fname).read_text()
         except (FileNotFoundError, OSError):
-            raise ConfigError(f"unknown workload {name_or_path!r}",
-                              hint=f"use one of {', '.join(NAMES)} or a path to a .yaml file") from None
+            raise ConfigError(
+                f"unknown workload {name_or_path!r}",
+                hint=f"use one of {', '.join(NAMES)} or a path to a .yaml file",
+            ) from None
         where = fname
     try:
         doc = yaml.safe_load(text)
@@ -249,21 +289,24 @@ def load(name_or_path: str) -> Workload:
     try:
         return from_dict(doc, where)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: bad workload: {exc!r}", hint="see the schema in tangram/sim/workloads.py") from None
+        raise ConfigError(
+            f"{where}: bad workload: {exc!r}", hint="see the schema in tangram/sim/workloads.py"
+        ) from None
 
 
 # -- generation --------------------------------------------------------------------------------
 def _pick(rng: Random, items: list[Any], weights: list[float]) -> Any:
     x = rng.random() * sum(weights)
-    for item, w in zip(items, weights):
+    for item, w in zip(items, weights, strict=True):
         x -= w
         if x < 0:
             return item
     return items[-1]
 
 
-def _plan_action(w: Workload, a: ActionKind, rng: Random, think: float, category: str,
-                 services: dict[str, str]) -> ActionPlan:
+def _plan_action(
+    w: Workload, a: ActionKind, rng: Random, think: float, category: str, services: dict[str, str]
+) -> ActionPlan:
     noise = math.exp(rng.gauss(0.0, w.noise_sigma)) if w.noise_sigma > 0 else 1.0
     base = max(1e-3, a.t_ori.draw(rng))
     t_ori = base * noise
@@ -271,9 +314,21 @@ def _plan_action(w: Workload, a: ActionKind, rng: Random, think: float, category
     sg = next((s for s in w.services if s.name == a.service), None)
     serial = a.serial_fraction if a.serial_fraction is not None else (sg.serial_fraction if sg else None)
     gpus = sg.chunk_sizes if sg is not None else a.gpus
-    return ActionPlan(think, a.kind, category, f"{w.name}/{a.name}", t_ori, a.cores[0], a.cores[1], gpus, serial,
-                      a.profiled, service, a.api,
-                      base if a.profiled else None)
+    return ActionPlan(
+        think,
+        a.kind,
+        category,
+        f"{w.name}/{a.name}",
+        t_ori,
+        a.cores[0],
+        a.cores[1],
+        gpus,
+        serial,
+        a.profiled,
+        service,
+        a.api,
+        base if a.profiled else None,
+    )
 
 
 def plan_trajectory(w: Workload, seed: int, index: int) -> TrajPlan:

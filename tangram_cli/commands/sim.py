@@ -1,8 +1,9 @@
 """`tangram sim`: the discrete-event simulator around the real scheduling core.
 
-    tangram sim --workload coding --batch 2048 --policy tangram --policy k8s
-    tangram sim --experiment fig8-cpu --plot fig8cpu.png
+tangram sim --workload coding --batch 2048 --policy tangram --policy k8s
+tangram sim --experiment fig8-cpu --plot fig8cpu.png
 """
+
 from __future__ import annotations
 
 import json
@@ -13,15 +14,35 @@ from typing import Any
 import click
 
 ROWS = [
-    ("mean_act_s", "mean ACT (s)"), ("p50_act_s", "p50 ACT (s)"), ("p99_act_s", "p99 ACT (s)"),
-    ("env_act_s", "env interaction ACT / traj (s)"), ("reward_act_s", "reward ACT / traj (s)"),
-    ("total_act_s", "total ACT / traj (s)"), ("step_time_s", "step time (s)"), ("queue_share", "queueing share"),
-    ("failed", "failed actions"), ("cpu_busy_core_s", "CPU busy core-s"), ("cpu_held_core_s", "CPU held core-s"),
-    ("cpu_util", "CPU utilisation"), ("cpu_efficiency", "CPU busy / held"), ("gpu_busy_s", "GPU busy GPU-s"),
-    ("gpu_held_s", "GPU held GPU-s"), ("gpu_util", "GPU utilisation"), ("restore_share", "GPU restore share"),
-    ("events", "core events"), ("events_per_s", "events / s (wall)"),
+    ("mean_act_s", "mean ACT (s)"),
+    ("p50_act_s", "p50 ACT (s)"),
+    ("p99_act_s", "p99 ACT (s)"),
+    ("env_act_s", "env interaction ACT / traj (s)"),
+    ("reward_act_s", "reward ACT / traj (s)"),
+    ("total_act_s", "total ACT / traj (s)"),
+    ("step_time_s", "step time (s)"),
+    ("queue_share", "queueing share"),
+    ("failed", "failed actions"),
+    ("cpu_busy_core_s", "CPU busy core-s"),
+    ("cpu_held_core_s", "CPU held core-s"),
+    ("cpu_util", "CPU utilisation"),
+    ("cpu_efficiency", "CPU busy / held"),
+    ("gpu_busy_s", "GPU busy GPU-s"),
+    ("gpu_held_s", "GPU held GPU-s"),
+    ("gpu_util", "GPU utilisation"),
+    ("restore_share", "GPU restore share"),
+    ("events", "core events"),
+    ("events_per_s", "events / s (wall)"),
 ]
-RATIO_KEYS = {"mean_act_s", "p50_act_s", "p99_act_s", "env_act_s", "reward_act_s", "total_act_s", "step_time_s"}
+RATIO_KEYS = {
+    "mean_act_s",
+    "p50_act_s",
+    "p99_act_s",
+    "env_act_s",
+    "reward_act_s",
+    "total_act_s",
+    "step_time_s",
+}
 
 
 def _fmt(v: Any) -> str:
@@ -59,18 +80,27 @@ class _Bar:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.console = Console(stderr=True)
-        self.progress = None if quiet else Progress(TextColumn("{task.description}"), BarColumn(),
-                                                     TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                                                     console=self.console, transient=True)
+        self.progress = (
+            None
+            if quiet
+            else Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            )
+        )
         self.task: Any = None
         self._last = 0
 
-    def __enter__(self) -> _Bar:
+    def __enter__(self) -> _Bar:  # noqa: PYI034 (typing.Self needs 3.11)
         if self.progress is not None:
             self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.progress is not None:
             self.progress.__exit__(*exc)
 
@@ -89,25 +119,65 @@ class _Bar:
 
 
 @click.command("sim")
-@click.option("--workload", "-w", default="coding", show_default=True,
-              help="coding, deepsearch, mopd, mopd+search, or a workload .yaml file.")
-@click.option("--batch", "-b", type=click.IntRange(min=1), default=None, help="Trajectories per step [default: 256].")
-@click.option("--policy", "-p", "policies", multiple=True,
-              help="tangram[:DEPTH], k8s[:CORES], static, serverless, fixed-dop:K, api-retry; join with '+'. "
-                   "Repeatable [default: tangram and the workload's paper baseline].")
-@click.option("--steps", type=click.IntRange(min=1), default=1, show_default=True, help="RL steps to simulate.")
+@click.option(
+    "--workload",
+    "-w",
+    default="coding",
+    show_default=True,
+    help="coding, deepsearch, mopd, mopd+search, or a workload .yaml file.",
+)
+@click.option(
+    "--batch", "-b", type=click.IntRange(min=1), default=None, help="Trajectories per step [default: 256]."
+)
+@click.option(
+    "--policy",
+    "-p",
+    "policies",
+    multiple=True,
+    help="tangram[:DEPTH], k8s[:CORES], static, serverless, fixed-dop:K, api-retry; join with '+'. "
+    "Repeatable [default: tangram and the workload's paper baseline].",
+)
+@click.option(
+    "--steps", type=click.IntRange(min=1), default=1, show_default=True, help="RL steps to simulate."
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), default=None,
-              help="YAML file overriding cluster fields (see docs/simulator.md).")
-@click.option("--experiment", "-e", type=click.Choice(["fig6", "fig7", "fig8-cpu", "fig8-gpu", "fig9", "table1"]),
-              default=None, help="Regenerate one of the paper's results instead.")
+@click.option(
+    "--cluster",
+    "cluster_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="YAML file overriding cluster fields (see docs/simulator.md).",
+)
+@click.option(
+    "--experiment",
+    "-e",
+    type=click.Choice(["fig6", "fig7", "fig8-cpu", "fig8-gpu", "fig9", "table1"]),
+    default=None,
+    help="Regenerate one of the paper's results instead.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG plot (needs matplotlib).")
-@click.option("--journal", "journal_dir", type=click.Path(file_okay=False), default=None,
-              help="Write each policy's journal to DIR/<workload>-<policy>.jsonl.")
-def command(workload: str, batch: int | None, policies: tuple[str, ...], steps: int, seed: int,
-            cluster_file: str | None, experiment: str | None, as_json: bool, plot: str | None,
-            journal_dir: str | None) -> None:
+@click.option(
+    "--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG plot (needs matplotlib)."
+)
+@click.option(
+    "--journal",
+    "journal_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write each policy's journal to DIR/<workload>-<policy>.jsonl.",
+)
+def command(
+    workload: str,
+    batch: int | None,
+    policies: tuple[str, ...],
+    steps: int,
+    seed: int,
+    cluster_file: str | None,
+    experiment: str | None,
+    as_json: bool,
+    plot: str | None,
+    journal_dir: str | None,
+) -> None:
     """Simulate workloads under several policies in virtual time, with the real core."""
     from tangram.sim.cluster import load_cluster
 
@@ -122,8 +192,17 @@ def command(workload: str, batch: int | None, policies: tuple[str, ...], steps: 
     _runs(workload, batch or 256, policies, steps, seed, spec, as_json, plot, journal_dir)
 
 
-def _runs(workload: str, batch: int, policies: tuple[str, ...], steps: int, seed: int, spec: Any, as_json: bool,
-          plot: str | None, journal_dir: str | None) -> None:
+def _runs(
+    workload: str,
+    batch: int,
+    policies: tuple[str, ...],
+    steps: int,
+    seed: int,
+    spec: Any,
+    as_json: bool,
+    plot: str | None,
+    journal_dir: str | None,
+) -> None:
     from tangram.journal import Journal
     from tangram.sim import workloads
     from tangram.sim.baselines import parse_policy
@@ -136,17 +215,31 @@ def _runs(workload: str, batch: int, policies: tuple[str, ...], steps: int, seed
     parsed = [parse_policy(p) for p in names]  # all errors before any run
     doc: dict[str, dict[str, Any]] = {}
     with _Bar(quiet=False) as bar:
-        for name, pol in zip(names, parsed):
+        for name, pol in zip(names, parsed, strict=True):
             bar.start(f"{wl.name} x{batch} {name}", batch * steps)
             journal = None
             if journal_dir:
                 Path(journal_dir).mkdir(parents=True, exist_ok=True)
                 safe = name.replace(":", "_").replace("+", "_")
-                journal = Journal.to_path(Path(journal_dir) / f"{wl.name.replace('+', '_')}-{safe}.jsonl",
-                                          source="sim", workload=wl.name, policy=name, batch=batch, seed=seed)
+                journal = Journal.to_path(
+                    Path(journal_dir) / f"{wl.name.replace('+', '_')}-{safe}.jsonl",
+                    source="sim",
+                    workload=wl.name,
+                    policy=name,
+                    batch=batch,
+                    seed=seed,
+                )
             try:
-                r = Engine(wl, pol, spec=spec, batch=batch, seed=seed, steps=steps, journal=journal,
-                           progress=bar.update).run()
+                r = Engine(
+                    wl,
+                    pol,
+                    spec=spec,
+                    batch=batch,
+                    seed=seed,
+                    steps=steps,
+                    journal=journal,
+                    progress=bar.update,
+                ).run()
             finally:
                 if journal is not None:
                     journal.close()
@@ -167,6 +260,7 @@ def _experiment(name: str, seed: int, spec: Any, batch: int | None, as_json: boo
     from tangram.sim.experiments import run_experiment
 
     with _Bar(quiet=False) as bar:
+
         def note(label: str) -> None:
             bar.start(label)
             if bar.progress is None or not sys.stderr.isatty():
@@ -186,12 +280,38 @@ def _experiment(name: str, seed: int, spec: Any, batch: int | None, as_json: boo
     console = Console()
     rows = doc["rows"]
     t = Table(title=f"{name} (simulated, seed {seed})")
-    for col in ("workload", "batch", "policy", "gpus", "mean_act_s", "p99_act_s", "env_act_s", "reward_act_s",
-                "step_time_s", "failed", "decide_mean_us"):
+    for col in (
+        "workload",
+        "batch",
+        "policy",
+        "gpus",
+        "mean_act_s",
+        "p99_act_s",
+        "env_act_s",
+        "reward_act_s",
+        "step_time_s",
+        "failed",
+        "decide_mean_us",
+    ):
         t.add_column(col, justify="right" if col not in ("workload", "policy") else "left")
     for r in rows + doc.get("gpu_sweep", []):
-        t.add_row(*[_fmt(r.get(c, "")) for c in ("workload", "batch", "policy", "gpus", "mean_act_s", "p99_act_s",
-                                                   "env_act_s", "reward_act_s", "step_time_s", "failed",
-                                                   "decide_mean_us")])
+        t.add_row(
+            *[
+                _fmt(r.get(c, ""))
+                for c in (
+                    "workload",
+                    "batch",
+                    "policy",
+                    "gpus",
+                    "mean_act_s",
+                    "p99_act_s",
+                    "env_act_s",
+                    "reward_act_s",
+                    "step_time_s",
+                    "failed",
+                    "decide_mean_us",
+                )
+            ]
+        )
     console.print(t)
     console.print_json(json.dumps({"paper": doc["paper"], "ours": doc["ours"]}))

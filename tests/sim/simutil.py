@@ -1,4 +1,5 @@
 """Helpers for the simulator tests: small clusters, hand-made workloads, a checking core."""
+
 from __future__ import annotations
 
 import os
@@ -7,21 +8,38 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "core"))
 
-from sched_util import Ledger  # noqa: E402
+from sched_util import Ledger
 
-from tangram.sim.cluster import ClusterSpec  # noqa: E402
-from tangram.sim.workloads import Workload, from_dict  # noqa: E402
+from tangram.sim.cluster import ClusterSpec
+from tangram.sim.workloads import Workload, from_dict
 
-SMALL = ClusterSpec(cpu_nodes=2, cores_per_node=32, numa_per_node=2, cpu_mem_gib=256, gpu_nodes=(8, 4),
-                    static_gpus=(("judge", 2), ("teacher", 1)))  # 9 teachers + the judge on 11 of 12 GPUs
+SMALL = ClusterSpec(
+    cpu_nodes=2,
+    cores_per_node=32,
+    numa_per_node=2,
+    cpu_mem_gib=256,
+    gpu_nodes=(8, 4),
+    static_gpus=(("judge", 2), ("teacher", 1)),
+)  # 9 teachers + the judge on 11 of 12 GPUs
 
 
 def tiny(**over: Any) -> Workload:
     doc: dict[str, Any] = {
-        "name": "tiny", "turns": 1, "think_s": 1.0, "noise_sigma": 0.0, "sandbox_mem_gib": 1, "pod_cores": 1,
+        "name": "tiny",
+        "turns": 1,
+        "think_s": 1.0,
+        "noise_sigma": 0.0,
+        "sandbox_mem_gib": 1,
+        "pod_cores": 1,
         "tools": [{"name": "tool", "kind": "exec", "t_ori_s": 2.0, "cores": [1, 1]}],
-        "reward": {"name": "tests", "kind": "exec", "t_ori_s": 8.0, "cores": [1, 4], "serial_fraction": 0.0,
-                   "profiled": True},
+        "reward": {
+            "name": "tests",
+            "kind": "exec",
+            "t_ori_s": 8.0,
+            "cores": [1, 4],
+            "serial_fraction": 0.0,
+            "profiled": True,
+        },
     }
     doc.update(over)
     return from_dict(doc)

@@ -6,33 +6,69 @@ from click.testing import CliRunner
 
 from tangram_cli.main import cli
 
-KEYS = {"mean_act_s", "p50_act_s", "p99_act_s", "step_time_s", "env_act_s", "reward_act_s", "total_act_s",
-        "queue_share", "cpu_busy_core_s", "cpu_held_core_s", "cpu_util", "gpu_busy_s", "gpu_util", "events"}
+KEYS = {
+    "mean_act_s",
+    "p50_act_s",
+    "p99_act_s",
+    "step_time_s",
+    "env_act_s",
+    "reward_act_s",
+    "total_act_s",
+    "queue_share",
+    "cpu_busy_core_s",
+    "cpu_held_core_s",
+    "cpu_util",
+    "gpu_busy_s",
+    "gpu_util",
+    "events",
+}
 
 
 def test_json_is_one_document_keyed_by_policy(tmp_path):
-    res = CliRunner().invoke(cli, ["sim", "-w", "coding", "-b", "6", "-p", "tangram", "-p", "k8s", "--json",
-                                   "--journal", str(tmp_path)])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "sim",
+            "-w",
+            "coding",
+            "-b",
+            "6",
+            "-p",
+            "tangram",
+            "-p",
+            "k8s",
+            "--json",
+            "--journal",
+            str(tmp_path),
+        ],
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert set(doc) == {"tangram", "k8s"}
     for p in doc.values():
-        assert KEYS <= set(p) and p["mean_act_s"] > 0 and p["batch"] == 6
+        assert set(p) >= KEYS
+        assert p["mean_act_s"] > 0
+        assert p["batch"] == 6
     assert sorted(f.name for f in tmp_path.iterdir()) == ["coding-k8s.jsonl", "coding-tangram.jsonl"]
 
 
 def test_table_output_has_ratios():
-    res = CliRunner().invoke(cli, ["sim", "-w", "mopd", "-b", "8", "-p", "tangram", "-p", "static"],
-                             env={"COLUMNS": "200"})
+    res = CliRunner().invoke(
+        cli, ["sim", "-w", "mopd", "-b", "8", "-p", "tangram", "-p", "static"], env={"COLUMNS": "200"}
+    )
     assert res.exit_code == 0, res.output
-    assert "static / tangram" in res.stdout and "mean ACT" in res.stdout
+    assert "static / tangram" in res.stdout
+    assert "mean ACT" in res.stdout
 
 
 def test_bad_policy_and_workload_exit_2_with_a_hint():
     res = CliRunner().invoke(cli, ["sim", "-p", "bogus"])
-    assert res.exit_code == 2 and "unknown policy" in res.stderr and "To fix" in res.stderr
+    assert res.exit_code == 2
+    assert "unknown policy" in res.stderr
+    assert "To fix" in res.stderr
     res = CliRunner().invoke(cli, ["sim", "-w", "nowhere"])
-    assert res.exit_code == 2 and "unknown workload" in res.stderr
+    assert res.exit_code == 2
+    assert "unknown workload" in res.stderr
 
 
 def test_cluster_file(tmp_path):
@@ -43,4 +79,5 @@ def test_cluster_file(tmp_path):
     assert json.loads(res.stdout)["tangram"]["cores"] == 16
     f.write_text("cpu_nodez: 1\n")
     res = CliRunner().invoke(cli, ["sim", "--cluster", str(f)])
-    assert res.exit_code == 2 and "unknown cluster field" in res.stderr
+    assert res.exit_code == 2
+    assert "unknown cluster field" in res.stderr

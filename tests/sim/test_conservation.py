@@ -1,4 +1,5 @@
 """No resource is ever over-committed, under any policy (a Ledger checks every command)."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,12 +10,22 @@ from tangram.sim import workloads
 from tangram.sim.baselines import parse_policy
 from tangram.sim.engine import Engine
 
-POLICIES = ["tangram", "tangram:3", "k8s", "static", "serverless", "fixed-dop:4", "api-retry", "min", "max",
-            "api-retry+static"]
+POLICIES = [
+    "tangram",
+    "tangram:3",
+    "k8s",
+    "static",
+    "serverless",
+    "fixed-dop:4",
+    "api-retry",
+    "min",
+    "max",
+    "api-retry+static",
+]
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("workload,batch", [("coding", 24), ("mopd+search", 48)])
+@pytest.mark.parametrize(("workload", "batch"), [("coding", 24), ("mopd+search", 48)])
 def test_no_overcommit(policy, workload, batch):
     e = Engine(workloads.load(workload), parse_policy(policy), spec=SMALL, batch=batch, seed=3)
     e.core = Checked(e.core)
@@ -22,10 +33,13 @@ def test_no_overcommit(policy, workload, batch):
     assert len(r.records) > batch
     assert all(x.end >= x.submit for x in r.records)
     ledger = e.core.ledger
-    assert not ledger.cores and not ledger.chunks and not ledger.leases  # everything returned at the end
+    assert not ledger.cores
+    assert not ledger.chunks
+    assert not ledger.leases
     # every direct API provider stayed within its limit
     for p in e.providers.values():
-        assert p.in_flight == 0 and (p.mode != "quota" or p.used <= p.limit)
+        assert p.in_flight == 0
+        assert p.mode != "quota" or p.used <= p.limit
 
 
 def test_gpu_memory_and_one_action_per_gpu_under_pressure():

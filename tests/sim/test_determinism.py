@@ -1,4 +1,5 @@
 """The same seed writes a byte-identical journal in two processes with different hash seeds."""
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,8 @@ from tangram.sim.engine import Engine
 from tangram.sim.cluster import ClusterSpec
 spec = ClusterSpec(cpu_nodes=2, cores_per_node=32, numa_per_node=2, cpu_mem_gib=256, gpu_nodes=(8, 4))
 j = Journal.to_path(sys.argv[1], source="sim", seed=7)
-r = Engine(workloads.load(sys.argv[2]), parse_policy(sys.argv[3]), spec=spec, batch=12, seed=7, journal=j).run()
+w, p = workloads.load(sys.argv[2]), parse_policy(sys.argv[3])
+r = Engine(w, p, spec=spec, batch=12, seed=7, journal=j).run()
 j.close()
 import json
 from tangram.sim.metrics import summarize
@@ -27,21 +29,35 @@ print(json.dumps(s, sort_keys=True))
 """
 
 
-@pytest.mark.parametrize("workload,policy", [("coding", "tangram"), ("mopd+search", "tangram"),
-                                             ("mopd+search", "api-retry+static"), ("coding", "k8s")])
+@pytest.mark.parametrize(
+    ("workload", "policy"),
+    [
+        ("coding", "tangram"),
+        ("mopd+search", "tangram"),
+        ("mopd+search", "api-retry+static"),
+        ("coding", "k8s"),
+    ],
+)
 def test_journal_is_identical_across_processes(tmp_path, workload, policy):
     paths, outs = [], []
     for hashseed in ("1", "12345"):
         p = tmp_path / f"{hashseed}.jsonl"
         env = dict(os.environ, PYTHONHASHSEED=hashseed)
-        res = subprocess.run([sys.executable, "-c", SCRIPT, str(p), workload, policy], env=env, check=True,
-                             timeout=120, capture_output=True, text=True)
+        res = subprocess.run(
+            [sys.executable, "-c", SCRIPT, str(p), workload, policy],
+            env=env,
+            check=True,
+            timeout=120,
+            capture_output=True,
+            text=True,
+        )
         paths.append(p)
         outs.append(res.stdout)
     a, b = (p.read_bytes() for p in paths)
     assert len(a.splitlines()) > 40
     assert a == b
-    assert outs[0] == outs[1] and '"mean_act_s"' in outs[0]  # direct API calls bypass the journal
+    assert outs[0] == outs[1]
+    assert '"mean_act_s"' in outs[0]
 
 
 def test_different_seeds_differ(tmp_path):

@@ -10,6 +10,7 @@ and 4.501 (waits for A's cores, runs 6.5..8.5): ACTs 2.0 and 3.999. Step ends at
 k8s:1: pods requested at 0 (Ready 0.85 and 1/70 + 0.85), one core each; tools 1..3 (ACT
 2), rewards at 4 run on the pod's single core for 8 s (ACT 8). Step ends at 12.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,17 @@ from tangram.sim.cluster import ClusterSpec
 from tangram.sim.engine import simulate
 from tangram.sim.metrics import summarize
 
-ONE = ClusterSpec(cpu_nodes=1, cores_per_node=4, numa_per_node=1, cpu_mem_gib=64, gpu_nodes=(),
-                  sandbox_create_s=0.5, sandbox_create_per_s=1000.0, pod_ready_s=0.85, pod_api_per_s=70.0)
+ONE = ClusterSpec(
+    cpu_nodes=1,
+    cores_per_node=4,
+    numa_per_node=1,
+    cpu_mem_gib=64,
+    gpu_nodes=(),
+    sandbox_create_s=0.5,
+    sandbox_create_per_s=1000.0,
+    pod_ready_s=0.85,
+    pod_api_per_s=70.0,
+)
 
 
 def _acts(policy: str) -> tuple[dict[str, float], dict]:
@@ -49,4 +59,5 @@ def test_k8s_acts_by_hand():
 def test_fixed_dop_by_hand():
     # fixed-dop:2: each reward gets exactly 2 cores (8/2 = 4 s), both fit at once
     acts, _ = _acts("fixed-dop:2")
-    assert acts["tiny-0/1"] == 4.0 and acts["tiny-1/1"] == 4.0
+    assert acts["tiny-0/1"] == 4.0
+    assert acts["tiny-1/1"] == 4.0

@@ -1,4 +1,5 @@
 """Long runs: speed of the simulator and the direction of the paper's ratios (slow)."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,8 @@ def test_coding_2048_speed_and_k8s_ratio():
     print(f"coding@2048: {t['events']} events in {t['wall_s']:.1f} s = {t['events_per_s']:.0f} events/s")
     assert t["actions"] > 100_000
     assert t["wall_s"] < 120  # 30 s on the development machine; slack for a loaded CI runner
-    assert k["mean_act_s"] > 1.5 * t["mean_act_s"] and k["step_time_s"] > t["step_time_s"]
+    assert k["mean_act_s"] > 1.5 * t["mean_act_s"]
+    assert k["step_time_s"] > t["step_time_s"]
     assert k["cpu_efficiency"] < 0.6 < t["cpu_efficiency"]  # a pod idles about half its life (Fig. 3c: 53%)
 
 
@@ -23,4 +25,5 @@ def test_coding_2048_speed_and_k8s_ratio():
 def test_gpu_pooling_beats_static_more_as_the_batch_grows():
     small = run_one("mopd", "static", 512, 1)["mean_act_s"] / run_one("mopd", "tangram", 512, 1)["mean_act_s"]
     big = run_one("mopd", "static", 2048, 1)["mean_act_s"] / run_one("mopd", "tangram", 2048, 1)["mean_act_s"]
-    assert 1.0 < small < big and big > 5
+    assert 1.0 < small < big
+    assert big > 5
