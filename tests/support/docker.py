@@ -30,6 +30,20 @@ START_TIMEOUT_S = 60.0
 
 
 def _ping(base_url: str) -> bool:
+    """True when a Docker daemon answers ``GET /_ping`` at ``base_url`` (unix sockets are probed
+    with a plain socket, so a dead daemon leaks nothing)."""
+    if base_url.startswith("unix://"):
+        import socket
+
+        path = base_url[len("unix://"):]
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(5)
+                sock.connect(path)
+                sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+                return b" 200 " in sock.recv(256)
+        except OSError:
+            return False
     try:
         import docker
     except ImportError:
