@@ -14,6 +14,9 @@ shared/design/anchors.md (each field says which row):
 * ``Reserve`` (a Kubernetes pod) goes through one API-server queue at ``pod_api_per_s``
   and is Ready ``pod_ready_s`` later (anchors §1.1 EKS and agent-sandbox rows), so pod
   start latency grows with load;
+* every ``Spawn`` pays a per-action control cost before it runs: the direct path's 3.7 ms
+  (anchors §1.6) in a Tangram sandbox, an exec through the container runtime (~68 ms,
+  anchors §1.1) in a Kubernetes pod;
 * ``Kill`` finishes the action at once with ``ok=False``.
 """
 
@@ -49,6 +52,9 @@ class ClusterSpec:
     sandbox_create_per_s: float = 8.0  # anchors §1.1: 500 containers in 60-75 s (~7-8/s)
     pod_ready_s: float = 0.85  # anchors §1.1: EKS create -> Ready 0.8-0.9 s, image pre-pulled
     pod_api_per_s: float = 70.0  # anchors §1.1: pod scheduling tops out near 70 pods/s
+    exec_overhead_s: float = 0.0037  # anchors §1.6: direct path (cgroup write + nsenter + write back)
+    pod_exec_overhead_s: float = 0.068  # anchors §1.1: docker exec / SDK exec_run p50 ~68 ms; a pod exec
+    # goes through the API server and kubelet as well, so this is a lower bound
     static_gpus: tuple[tuple[str, int], ...] = ()  # per-service override of static GPUs
 
     @property
@@ -155,7 +161,9 @@ class ClusterModel:
             t = type(c)
             if t is cmd.Spawn:
                 tr = self.truth(c.action_id)
+                pod = c.sandbox in self.pods
                 start = max(now, self.ready.get(c.sandbox, now))
+                start += self.spec.pod_exec_overhead_s if pod else self.spec.exec_overhead_s
                 end = start + duration(tr.t_ori, tr.elasticity, c.dop)
                 self.runs[c.action_id] = Run(start, end, len(c.cores), "cpu", 0.0, now)
                 out.append((end, ev.ActionFinished(c.action_id)))
