@@ -59,11 +59,12 @@ def plot_experiment(doc: dict[str, Any], path: str) -> None:
     plt = _plt()
     name = doc["experiment"]
     rows = doc["rows"]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     if name in ("fig6", "fig7"):
         labels = list(dict.fromkeys(r["workload"] for r in rows))
         tang = [next(r for r in rows if r["workload"] == w and r["policy"] == "tangram") for w in labels]
         base = [next(r for r in rows if r["workload"] == w and r["policy"] != "tangram") for w in labels]
+        labels = [f"{w}\nvs {b['policy']}\nbatch {b['batch']}" for w, b in zip(labels, base, strict=True)]
         if name == "fig6":
             _bars(
                 ax,
@@ -114,6 +115,7 @@ def plot_experiment(doc: dict[str, Any], path: str) -> None:
     else:
         _line(ax, rows, "mean ACT (s)")
     ax.set_title(f"{name} (simulated)")
+    ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
