@@ -60,6 +60,10 @@ class LazyGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:  # `tangram env | head`: the reader left; stop quietly
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(EXIT_OK)
         except click.exceptions.Exit:
             raise
         except click.ClickException:

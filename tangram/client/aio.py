@@ -443,18 +443,13 @@ def _clean_name(name: str) -> str:
 
 
 def _local_addr() -> str:
-    """The local cluster's submit address from ~/.tangram/clusters/local/state.json."""
-    import json
+    """The local cluster's submit address, from the state file `tangram up` writes."""
+    from tangram.discovery import find_address, state_file
 
-    path = os.path.join(os.path.expanduser("~"), ".tangram", "clusters", "local", "state.json")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            state = json.load(fh)
-    except (OSError, ValueError):
+    addr = find_address("local")
+    if addr is None:
         raise ClusterNotFound(
-            "no controller address: pass one, set TANGRAM_ADDR, or start `tangram up`"
-        ) from None
-    addr = state.get("submit_addr") or (state.get("controller") or {}).get("submit_addr")
-    if not isinstance(addr, str):
-        raise ClusterNotFound(f"{path} names no submit address")
+            f"no controller address: {state_file('local')} names no running cluster",
+            hint="pass an address, set TANGRAM_ADDR, or start a local cluster with `tangram up`",
+        )
     return addr
