@@ -526,6 +526,13 @@ class Call(Message):
     service: Id
     gpus: Annotated[int, Range(1, 64)] = 1
     budget_ms: Count = 0
+    gpus_options: Annotated[list[Annotated[int, Range(1, 64)]], Items(8)] = field(default_factory=list)
+    elastic: Id | None = None
+
+    def _problem(self) -> str | None:
+        if self.gpus_options and self.gpus not in self.gpus_options:
+            return f"gpus {self.gpus} is not among gpus_options {self.gpus_options}"
+        return None
 
 
 @_register(0x26, "LEASE")

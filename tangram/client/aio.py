@@ -231,19 +231,24 @@ class AsyncClient:
         gpus: int | list[int] | tuple[int, ...] = 1,
         timeout: float | None = None,
         idempotent: bool = True,
+        elastic: str | None = None,
     ) -> CallResult:
-        """Call GPU service `service` with a msgpack-able payload."""
+        """Call GPU service `service` with a msgpack-able payload. ``gpus`` is a chunk size or a
+        list of sizes the scheduler may choose from (each size is its own service instance);
+        ``elastic`` names the controller profile that says how the call scales with GPUs."""
+        options: list[int] = []
         if isinstance(gpus, (list, tuple)):
             if not gpus:
                 raise BadRequest("gpus must name at least one size")
-            gpus = min(gpus)  # protocol 1.0 carries one size; the smallest always fits where a larger would
+            options = sorted({int(g) for g in gpus})
+            gpus = options[0]
         timeout = self._timeout(timeout)
         try:
             blob = msgpack.packb(payload, use_bin_type=True)
         except (TypeError, ValueError) as exc:
             raise BadRequest(f"payload is not msgpack-serialisable: {exc}") from None
         env = await self._roundtrip(
-            protocol.Call(service, int(gpus), _budget_ms(timeout)),
+            protocol.Call(service, int(gpus), _budget_ms(timeout), options if len(options) > 1 else [], elastic),
             [blob],
             timeout=timeout,
             idempotent=idempotent,

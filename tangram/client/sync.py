@@ -151,9 +151,10 @@ class Client:
         return Sandbox(self, sb)
 
     def call(
-        self, service: str, payload: Any, gpus: int | list[int] = 1, timeout: float | None = None
+        self, service: str, payload: Any, gpus: int | list[int] = 1, timeout: float | None = None,
+        elastic: str | None = None,
     ) -> CallResult:
-        return self._run(lambda c: c.call(service, payload, gpus=gpus, timeout=timeout))
+        return self._run(lambda c: c.call(service, payload, gpus=gpus, timeout=timeout, elastic=elastic))
 
     def api(self, name: str, timeout: float | None = None, units: int = 1) -> Lease:
         return Lease(self, name, timeout, units)

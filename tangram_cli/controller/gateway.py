@@ -345,12 +345,15 @@ class Gateway:
                 raise BadRequest(f"efficiency: {problem}")
             return el
         if msg.elastic:
-            el2 = self.config.profiles.get(msg.elastic)
-            if el2 is None:
-                known = ", ".join(sorted(self.config.profiles))
-                raise BadRequest(f"unknown elasticity profile {msg.elastic!r} (known: {known})")
-            return el2
+            return self._profile(msg.elastic)
         return None
+
+    def _profile(self, name: str) -> Elasticity:
+        el = self.config.profiles.get(name)
+        if el is None:
+            known = ", ".join(sorted(self.config.profiles)) or "none"
+            raise BadRequest(f"unknown elasticity profile {name!r} (known: {known})")
+        return el
 
     def _submit(self, client: ClientState, rid: int, kind: str, spec: ActionSpec, rec: ActionRecord) -> None:
         self.registry.actions[spec.action_id] = rec
@@ -413,12 +416,13 @@ class Gateway:
         spec = ActionSpec(
             action_id=aid,
             kind=Kind.CALL,
-            demand=((GPU, Demand.of([msg.gpus])),),
+            demand=((GPU, Demand.of(list(msg.gpus_options) or [msg.gpus])),),
             key=GPU,
             action_type=f"call:{msg.service}",
             client=client.key,
             service=msg.service,
             timeout_s=timeout,
+            elasticity=self._profile(msg.elastic) if msg.elastic else None,
         )
         now = time.monotonic()
         rec = ActionRecord(

@@ -33,6 +33,7 @@ CONFIG: dict[str, Any] = {
             "gpu_mem_mib": 1000,
             "chunk_sizes": [1, 2],
             "load_s": 0.01,
+            "t_ori": 1.0,
         }
     ],
     "apis": [{"name": "search", "mode": "concurrency", "limit": 2}],

@@ -291,3 +291,13 @@ async def test_closing_a_client_releases_its_leases_and_sandboxes(controller, ag
     assert env.id in agent.destroyed
     async with tangram.AsyncClient(controller.submit_addr) as tg2, tg2.api("search", timeout=2):
         pass
+
+
+async def test_elastic_gpu_call_gets_a_larger_chunk_when_it_is_free(controller, agent) -> None:
+    async with tangram.AsyncClient(controller.submit_addr, name="t") as tg:
+        r = await tg.call("echo", {"x": 1}, gpus=[1, 2], elastic="linear", timeout=10)
+        assert len(r.gpus) == 2  # alone on the node and perfectly parallel: both GPUs
+        r = await tg.call("echo", {"x": 2}, gpus=[1, 2], timeout=10)
+        assert len(r.gpus) == 1  # no profile: unknown elasticity, the minimum
+        with pytest.raises(BadRequest, match="unknown elasticity profile"):
+            await tg.call("echo", {}, gpus=[1, 2], elastic="nope", timeout=10)

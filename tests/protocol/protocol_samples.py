@@ -54,7 +54,7 @@ SAMPLES: dict[type[p.Message], tuple[p.Message, tuple[bytes, ...]]] = {
         ),
         (b"stdin data",),
     ),
-    p.Call: (p.Call("rm-7b", gpus=2, budget_ms=30_000), (PAYLOAD,)),
+    p.Call: (p.Call("rm-7b", gpus=2, budget_ms=30_000, gpus_options=[1, 2, 4], elastic="rm-scaling"), (PAYLOAD,)),
     p.Lease: (p.Lease("search", units=3, budget_ms=5000), ()),
     p.Release: (p.Release("lease-9"), ()),
     p.Cancel: (p.Cancel(123456789), ()),
