@@ -71,10 +71,13 @@ def test_exec_overheads_and_steps():
     spec = replace(ONE, exec_overhead_s=0.01, pod_exec_overhead_s=0.1)
     r = simulate(tiny(train_s=5.0), parse_policy("k8s:1"), spec=spec, batch=2, seed=0, steps=2)
     acts = {x.aid: round(x.end - x.submit, 6) for x in r.records}
-    assert acts["tiny-0/0"] == 2.1 and acts["tiny-0/1"] == 8.1  # each exec through the pod costs 0.1 s
+    assert acts["tiny-0/0"] == 2.1
+    assert acts["tiny-0/1"] == 8.1
     (a0, b0), (a1, b1) = r.steps
-    assert a0 == 0.0 and b0 == pytest.approx(12.2)
-    assert a1 == pytest.approx(b0 + 5.0) and b1 - a1 == pytest.approx(12.2)  # step 2 after training
+    assert a0 == 0.0
+    assert b0 == pytest.approx(12.2)
+    assert a1 == pytest.approx(b0 + 5.0)
+    assert b1 - a1 == pytest.approx(12.2)
     assert len(r.records) == 8
     t = simulate(tiny(), parse_policy("tangram"), spec=spec, batch=1, seed=0)
     assert {x.aid: round(x.end - x.submit, 6) for x in t.records} == {"tiny-0/0": 2.51, "tiny-0/1": 2.01}
