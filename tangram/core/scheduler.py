@@ -490,7 +490,7 @@ class Scheduler:
 
     def _start_cpu_group(self, node: str, group: list[Waiting], waiting: list[Waiting], out: list[cmd.Command]) -> None:
         cpu_node = self.cpu.nodes[node]
-        units = self._allocate(group, waiting, cpu_node.free, self._running_on(node))
+        units = self._allocate(group, waiting, cpu_node.free, node)
         for w, u in zip(group, units):
             if u == 0:
                 w.status = wait(message="held back: starting it now would raise the summed completion time")
@@ -544,9 +544,7 @@ class Scheduler:
         cap = d.min + spare if useful is None else min(d.min + spare, max(useful, d.min))
         return {u: duration(t_ori, spec.elasticity, u) for u in d.clamp_max(cap).options()}
 
-    def _allocate(
-        self, group: list[Waiting], waiting: list[Waiting], free_units: int, running: list[tuple[float, int]]
-    ) -> list[int]:
+    def _allocate(self, group: list[Waiting], waiting: list[Waiting], free_units: int, node: str) -> list[int]:
         """Units per candidate (0: held back), via DPArrange and greedy eviction."""
         spare = free_units - sum(w.need for w in group)
         if self.config.policy == MAX:
@@ -556,8 +554,9 @@ class Scheduler:
         n = len(group)
         if self.config.policy != TANGRAM or not self.config.eviction or n == 0:
             return list(table.best(n)[1]) if n else []
-        if all(len(o) == 1 for o in options):
-            return list(table.best(n)[1])  # nothing elastic: everyone starts at minimum
+        if n == 1 or all(len(o) == 1 for o in options):
+            return list(table.best(n)[1])  # nothing to evict, or nothing elastic: minimums
+        running = self._running_on(node)  # only now: it scans the running actions
         behind = [self._behind(w.spec) for w in waiting[: self.config.behind_limit]]
         cand_behind = [self._behind(w.spec) for w in group]
 
