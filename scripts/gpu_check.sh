@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU check for a lent CUDA machine (fresh, maybe offline): the GPU host tests on real devices and a small
-# host->device restore-bandwidth bench. Run from anywhere:  bash scripts/gpu_check.sh
-# Writes the whole output to $OUT/gpu_check.log when $OUT is set. Finishes in about 2-4 minutes.
+# GPU check for a lent CUDA machine (fresh, maybe offline): the GPU host tests on real devices, a small
+# host->device restore-bandwidth bench, and the end-to-end client -> controller -> agent test on the GPU.
+# Run from anywhere:  bash scripts/gpu_check.sh
+# Writes the whole output to $OUT/gpu_check.log when $OUT is set. Finishes in about 3-5 minutes.
 # Exit status: the pytest status (0 = passed), or 3 when the tests passed but torch/CUDA was missing.
 set -uo pipefail
 
@@ -65,7 +66,7 @@ EOF
 
 step "pytest: tests/gpu + tests/agent/test_gpu_host.py (real GPUs included)"
 timeout 200 "$PY" -m pytest tests/gpu tests/agent/test_gpu_host.py -m 'gpu or not gpu' -q -rs -s \
-  -p no:cacheprovider --timeout 180 ${OUT:+--junitxml "$OUT/gpu_junit.xml"}
+  --ignore tests/gpu/test_gpu_e2e.py -p no:cacheprovider --timeout 180 ${OUT:+--junitxml "$OUT/gpu_junit.xml"}
 rc=$?
 echo "pytest exit status: $rc"
 
@@ -77,7 +78,14 @@ else
   echo "skipped: no torch with CUDA"
 fi
 
+step "end to end: client -> in-process controller -> real agent (NVML, torch runtime): tests/gpu/test_gpu_e2e.py"
+timeout 150 "$PY" -m pytest tests/gpu/test_gpu_e2e.py -q -rs -s -p no:cacheprovider \
+  ${OUT:+--junitxml "$OUT/gpu_e2e_junit.xml"}
+e2e_rc=$?
+echo "end-to-end pytest exit status: $e2e_rc"
+if ((rc == 0)); then rc=$e2e_rc; fi
+
 step "done"
-echo "pytest status $rc; torch+CUDA usable: $TORCH_OK; log: ${OUT:-(no \$OUT)}/gpu_check.log"
+echo "pytest status $rc (end to end $e2e_rc); torch+CUDA usable: $TORCH_OK; log: ${OUT:-(no \$OUT)}/gpu_check.log"
 if ((rc == 0 && TORCH_OK == 0)); then exit 3; fi
 exit "$rc"
