@@ -636,6 +636,7 @@ class Scheduler:
         groups: dict[str, list[Waiting]] = {}
         blocked = False
         behind: list[Waiting] = []
+        soon: dict[tuple[str, int], list[float]] = {}
         for w in self.queues[GPU].values():
             if blocked:
                 if len(behind) >= self.config.behind_limit:
@@ -651,10 +652,32 @@ class Scheduler:
                 w.status = wait(Shortfall(GPU, size, free, total, "a free aligned chunk"))
                 behind.append(w)
                 continue
+            if not pl.resident and self._wait_for_resident(w, size, soon):
+                continue
             busy[pl.node] |= self.gpu.nodes[pl.node].chunk_mask(pl.start, pl.size)
             groups.setdefault(pl.node, []).append(w)
         for node in sorted(groups):
             self._start_gpu_group(node, groups[node], behind, out)
+
+    def _wait_for_resident(self, w: Waiting, size: int, soon: dict[tuple[str, int], list[float]]) -> bool:
+        """Cache awareness beyond the paper's tie-break: rather than restore a service onto a
+        free chunk, wait for a busy chunk that already holds it when that chunk frees up
+        sooner than a restore would take. ``soon`` tracks, per (service, size), when each busy
+        resident copy frees, counting the calls already queued for it in this pass."""
+        if self.config.policy != TANGRAM or not self.config.cache_aware:
+            return False
+        spec = w.spec
+        key = (spec.service, size)
+        if key not in soon:
+            soon[key] = sorted(r.est_end for r in self.running.values()
+                               if r.spec.kind is Kind.CALL and r.spec.service == spec.service and r.chunk[1] == size)
+        frees = soon[key]
+        load_s = self.gpu.services[spec.service].load_s
+        if not frees or frees[0] - self.now >= load_s:
+            return False
+        heapq.heapreplace(frees, frees[0] + self._estimate(spec, size))
+        w.status = wait(message=f"waiting for a busy GPU that holds {spec.service}: sooner than a {load_s:g} s restore")
+        return True
 
     def _start_gpu_group(self, node: str, group: list[Waiting], behind: list[Waiting], out: list[cmd.Command]) -> None:
         gnode = self.gpu.nodes[node]

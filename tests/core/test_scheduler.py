@@ -255,3 +255,19 @@ def test_elastic_gpu_call_on_a_six_gpu_node_uses_the_tail_chunk():
     out = s.handle(ev.ActionSubmitted(call_spec("y", "t", (1, 2), serial=0.0)), 0)
     (inv,) = started(out, cmd.Invoke)
     assert (inv.start, inv.end) == (4, 6)  # the free 2-chunk past the first root chunk
+
+
+def test_gpu_call_waits_for_a_busy_resident_copy_when_that_beats_a_restore():
+    for load_s, expect_wait in ((5.0, True), (0.1, False)):
+        s = make(cores=1, gpus=2)
+        s.handle(ev.ServiceDefined("rm", 10_000, (1,), load_s=load_s, t_ori=1.0), 0)
+        s.handle(ev.ActionSubmitted(call_spec("a", "rm")), 0)  # restored on GPU 0, runs ~1 s
+        s.handle(ev.ActionFinished("a"), load_s + 1.0)
+        s.handle(ev.ActionSubmitted(call_spec("b", "rm")), 10.0)  # resident: no restore
+        out = s.handle(ev.ActionSubmitted(call_spec("c", "rm")), 10.0)
+        if expect_wait:  # GPU 0 frees in ~1 s, a restore on GPU 1 would take 5 s
+            assert out == [] and "busy GPU that holds rm" in str(s.status_of("c"))
+            out = s.handle(ev.ActionFinished("b"), 11.0)
+            assert [type(c) for c in out] == [cmd.Done, cmd.Invoke] and out[1].start == 0
+        else:  # a restore is quicker than waiting: it goes to the free GPU
+            assert [type(c) for c in out] == [cmd.Load, cmd.Invoke] and out[1].start == 1
