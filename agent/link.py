@@ -246,6 +246,7 @@ class Agent:
         self._last_out = 0.0
         self._orphaned = False
         self.sessions = 0  # Welcomes received (tests and logs)
+        self._curve = cfg.curve_keys()  # tangram.certs.CurveKeys or None (plain TCP, loopback only)
         self._handlers: dict[type[p.Message], Handler] = {
             p.CreateSandbox: self._create_sandbox,
             p.DestroySandbox: self._destroy_sandbox,
@@ -348,6 +349,8 @@ class Agent:
         sock.setsockopt(zmq.HEARTBEAT_IVL, hb_ms)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, hb_ms * LIVENESS)
         sock.setsockopt(zmq.HEARTBEAT_TTL, hb_ms * LIVENESS)
+        if self._curve is not None:  # CURVE client: own keypair, the controller's public key pinned
+            self._curve.apply(sock)
         sock.connect(self.cfg.controller)
         return sock
 
@@ -863,21 +866,16 @@ def build_gpu_host(cfg: AgentConfig, machine: Any) -> tuple[Any, list[Any]]:
         return GpuHost(gpus, runtimes), gpus
     if not machine.gpus:
         return None, []
-    import importlib.util
+    from agent.gpu.nvml import device_memory
+    from agent.gpu.runtimes import default_runtimes
 
     gpus = [GpuInfo(index=g["index"], uuid=g["uuid"], name=g["name"], memory_total_mib=g["memory_total_mib"],
                     memory_used_mib=g.get("memory_used_mib", 0), cpus=tuple(g.get("cpus", ())),
                     pci_bus_id=g.get("pci_bus_id", "")) for g in machine.gpus]
-    if importlib.util.find_spec("torch") is not None:
-        try:
-            from agent.gpu.torch_module import TorchConfig
-
-            runtimes["torch"] = TorchConfig()
-        except Exception as exc:  # noqa: BLE001
-            log.warning("torch runtime unavailable: %s", exc)
-    from agent.gpu.nvml import device_memory
-
-    return GpuHost(gpus, runtimes, device_memory=device_memory), gpus
+    # real devices: every runtime (emulated, vllm, sglang; torch when installed), and 1 GiB per GPU
+    # kept back for the CUDA context and allocator slack, as agent.gpu.runtimes.build_host does
+    runtimes = default_runtimes(EmulatedConfig(bandwidth_gbps=cfg.restore_bandwidth_gbps))
+    return GpuHost(gpus, runtimes, reserve_mib=1024, device_memory=device_memory), gpus
 
 
 async def run_agent(cfg: AgentConfig) -> int:
