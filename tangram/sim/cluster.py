@@ -11,12 +11,18 @@ shared/design/anchors.md (each field says which row):
   service: ``restore_t0_s + bytes per GPU / h2d_gb_s`` (anchors §1.2 "restore model");
 * ``CreateSandbox`` takes ``sandbox_create_s`` and each node creates at most
   ``sandbox_create_per_s`` containers per second (anchors §1.1 docker rows);
-* ``Reserve`` (a Kubernetes pod) goes through one API-server queue at ``pod_api_per_s``
-  and is Ready ``pod_ready_s`` later (anchors §1.1 EKS and agent-sandbox rows), so pod
-  start latency grows with load;
+* the Kubernetes baseline talks to the API server through **one FIFO request queue**
+  (the job's sandbox manager's API client): a pod create (``Reserve``) holds it for
+  ``1 / pod_api_per_s`` (anchors §1.1 agent-sandbox: pod scheduling tops out near 70
+  pods/s) and the pod is Ready ``pod_ready_s`` after its turn (EKS create -> Ready); every
+  action run in a pod is an exec API request (``POST .../pods/NAME/exec``) that holds it
+  for ``1 / pod_exec_api_qps`` (the client's default ``--kube-api-qps=50``, same row), so
+  pod start and exec latency grow with the number of concurrent trajectories. The exec
+  request joins the queue when the action is started (``Spawn``), and the action runs once
+  its request has had its turn and the pod is Ready, plus the exec's own latency;
 * every ``Spawn`` pays a per-action control cost before it runs: the direct path's 3.7 ms
   (anchors §1.6) in a Tangram sandbox, an exec through the container runtime (~68 ms,
-  anchors §1.1) in a Kubernetes pod;
+  anchors §1.1) in a Kubernetes pod (after its turn in the API queue above);
 * ``Kill`` finishes the action at once with ``ok=False``.
 """
 
@@ -55,6 +61,13 @@ class ClusterSpec:
     exec_overhead_s: float = 0.0037  # anchors §1.6: direct path (cgroup write + nsenter + write back)
     pod_exec_overhead_s: float = 0.068  # anchors §1.1: docker exec / SDK exec_run p50 ~68 ms; a pod exec
     # goes through the API server and kubelet as well, so this is a lower bound
+    pod_exec_api_qps: float = 50.0  # anchors §1.1 agent-sandbox cold-claim row: the default client
+    # `--kube-api-qps=50`. Every action in a pod is one exec API request (a lower bound: `kubectl exec`
+    # also GETs the pod first) from the job's one sandbox-manager client (assumption), FIFO in the same
+    # queue as the pod creates above; no burst allowance (assumption). The kube-apiserver itself does not
+    # throttle exec (a long-running request, exempt from API Priority and Fairness and from
+    # --max-requests-inflight: kubernetes.io "API Priority and Fairness"), so this is a client limit.
+    # 0 = no client limit (e.g. a client without a rate limiter): execs then never queue.
     static_gpus: tuple[tuple[str, int], ...] = ()  # per-service override of static GPUs
 
     @property
@@ -141,6 +154,7 @@ class Run:
     resource: str  # cpu | gpu | api
     restore_s: float = 0.0
     alloc: float = 0.0  # when the units were handed over (the start command)
+    api_wait: float = 0.0  # k8s: time the exec request waited in the API-server queue
 
 
 class ClusterModel:
@@ -149,7 +163,7 @@ class ClusterModel:
         self.truth = truth
         self.ready: dict[str, float] = {}  # sandbox -> ready time
         self._create_free: dict[str, float] = {}  # node -> container-create server free at
-        self._api_free = 0.0  # the Kubernetes API server
+        self._api_free = 0.0  # the Kubernetes API-server request queue (FIFO): free at
         self.runs: dict[str, Run] = {}
         self.pods: dict[str, tuple[float, int]] = {}  # sandbox -> (ready, cores) of a reservation
         self.restores = 0
@@ -161,11 +175,16 @@ class ClusterModel:
             t = type(c)
             if t is cmd.Spawn:
                 tr = self.truth(c.action_id)
-                pod = c.sandbox in self.pods
-                start = max(now, self.ready.get(c.sandbox, now))
-                start += self.spec.pod_exec_overhead_s if pod else self.spec.exec_overhead_s
+                wait = 0.0
+                if c.sandbox in self.pods:
+                    qps = self.spec.pod_exec_api_qps
+                    turn = self._api_request(now, 1.0 / qps) if qps > 0 else now
+                    wait = turn - now
+                    start = max(turn, self.ready.get(c.sandbox, now)) + self.spec.pod_exec_overhead_s
+                else:
+                    start = max(now, self.ready.get(c.sandbox, now)) + self.spec.exec_overhead_s
                 end = start + duration(tr.t_ori, tr.elasticity, c.dop)
-                self.runs[c.action_id] = Run(start, end, len(c.cores), "cpu", 0.0, now)
+                self.runs[c.action_id] = Run(start, end, len(c.cores), "cpu", 0.0, now, wait)
                 out.append((end, ev.ActionFinished(c.action_id)))
             elif t is cmd.Invoke:
                 tr = self.truth(c.action_id)
@@ -188,8 +207,7 @@ class ClusterModel:
                 self._create_free[c.node] = begin + 1.0 / self.spec.sandbox_create_per_s
                 self.ready[c.sandbox] = begin + self.spec.sandbox_create_s
             elif t is cmd.Reserve:
-                begin = max(now, self._api_free)
-                self._api_free = begin + 1.0 / self.spec.pod_api_per_s
+                begin = self._api_request(now, 1.0 / self.spec.pod_api_per_s)
                 self.ready[c.sandbox] = begin + self.spec.pod_ready_s
                 self.pods[c.sandbox] = (now, len(c.cores))
             elif t is cmd.Kill:
@@ -200,6 +218,13 @@ class ClusterModel:
             elif t is cmd.DestroySandbox:
                 self.ready.pop(c.sandbox, None)
         return out
+
+    def _api_request(self, now: float, cost_s: float) -> float:
+        """One request through the API-server queue (FIFO; ``now`` never decreases): when
+        its turn begins. It holds the queue for ``cost_s``."""
+        begin = max(self._api_free, now)
+        self._api_free = begin + cost_s
+        return begin
 
 
 class ApiProvider:

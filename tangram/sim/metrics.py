@@ -12,6 +12,8 @@ Definitions (docs/simulator.md):
 * CPU: ``cpu_busy_core_s`` = cores x running time of every CPU action; ``cpu_held_core_s``
   = cores held (a pod's cores for its whole life; else from the start command to the
   end); utilisation = busy / (all cores x rollout time), efficiency = busy / held.
+* ``exec_api_wait_s`` / ``exec_api_wait_p99_s`` (k8s): mean / p99 time an action's exec
+  request waited in the API-server queue (part of its queueing); 0 for other policies.
 * GPU: ``gpu_busy_s`` = GPUs x (restore + run); held = the same, or the static deployment's
   GPUs x rollout time; ``restore_share`` = restore time / GPU busy time.
 """
@@ -72,6 +74,9 @@ def summarize(r: SimResult) -> dict[str, Any]:
         "step_time_s": rollout / steps + r.train_s,
         "api_attempts": sum(x.attempts for x in r.records),
     }
+    waits = [run.api_wait for run in r.runs.values() if run.resource == "cpu"] if r.pods else []
+    out["exec_api_wait_s"] = _mean(waits)
+    out["exec_api_wait_p99_s"] = _pct(waits, 0.99)
     out.update(_resources(r, rollout))
     d = list(r.decide_s)
     out.update(

@@ -7,8 +7,10 @@ tangram: tools submitted at 1.0 wait for their containers (ready 1.5 and 1.501) 
 at 3.5 / 3.501 (ACT 2.5 / 2.5); rewards at 4.5 (A gets all 4 cores: 8/4 = 2 s, ends 6.5)
 and 4.501 (waits for A's cores, runs 6.5..8.5): ACTs 2.0 and 3.999. Step ends at 8.5.
 
-k8s:1: pods requested at 0 (Ready 0.85 and 1/70 + 0.85), one core each; tools 1..3 (ACT
-2), rewards at 4 run on the pod's single core for 8 s (ACT 8). Step ends at 12.
+k8s:1: pods requested at 0 (Ready 0.85 and 1/70 + 0.85), one core each. Both tools are
+submitted at 1.0; each is an exec API request through the one API queue at 50/s: A's turn
+at 1.0 (runs 1..3, ACT 2), B's at 1.02 (runs 1.02..3.02, ACT 2.02). Rewards at 4.0 and 4.02
+find the queue idle and run on the pod's single core for 8 s (ACT 8). Step ends at 12.02.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ ONE = ClusterSpec(
     sandbox_create_per_s=1000.0,
     pod_ready_s=0.85,
     pod_api_per_s=70.0,
+    pod_exec_api_qps=50.0,
     exec_overhead_s=0.0,
     pod_exec_overhead_s=0.0,
 )
@@ -51,10 +54,11 @@ def test_tangram_acts_by_hand():
 
 def test_k8s_acts_by_hand():
     acts, s = _acts("k8s:1")
-    assert acts == {"tiny-0/0": 2.0, "tiny-1/0": 2.0, "tiny-0/1": 8.0, "tiny-1/1": 8.0}
-    assert s["rollout_s"] == pytest.approx(12.0)
-    # each pod holds 1 core from its reservation (t=0) to its trajectory's end (t=12)
-    assert s["cpu_held_core_s"] == pytest.approx(24.0)
+    assert acts == {"tiny-0/0": 2.0, "tiny-1/0": 2.02, "tiny-0/1": 8.0, "tiny-1/1": 8.0}
+    assert s["rollout_s"] == pytest.approx(12.02)
+    assert s["exec_api_wait_s"] == pytest.approx(0.02 / 4)  # only B's tool waited, 1/50 s
+    # each pod holds 1 core from its reservation (t=0) to its trajectory's end (12 / 12.02)
+    assert s["cpu_held_core_s"] == pytest.approx(24.02)
     assert s["cpu_busy_core_s"] == pytest.approx(20.0)
 
 
@@ -72,12 +76,13 @@ def test_exec_overheads_and_steps():
     r = simulate(tiny(train_s=5.0), parse_policy("k8s:1"), spec=spec, batch=2, seed=0, steps=2)
     acts = {x.aid: round(x.end - x.submit, 6) for x in r.records}
     assert acts["tiny-0/0"] == 2.1
+    assert acts["tiny-1/0"] == 2.12  # + its 1/50 s turn in the API queue
     assert acts["tiny-0/1"] == 8.1
     (a0, b0), (a1, b1) = r.steps
     assert a0 == 0.0
-    assert b0 == pytest.approx(12.2)
+    assert b0 == pytest.approx(12.22)
     assert a1 == pytest.approx(b0 + 5.0)
-    assert b1 - a1 == pytest.approx(12.2)
+    assert b1 - a1 == pytest.approx(12.22)
     assert len(r.records) == 8
     t = simulate(tiny(), parse_policy("tangram"), spec=spec, batch=1, seed=0)
     assert {x.aid: round(x.end - x.submit, 6) for x in t.records} == {"tiny-0/0": 2.51, "tiny-0/1": 2.01}
