@@ -106,7 +106,10 @@ class AgentConfig:
     outbox_mib: int = 256  # replies buffered while cut off from the controller
     log_file: str = ""  # "" = stderr
     log_level: str = "INFO"
-    allow_remote: bool = False  # plain TCP to a non-loopback controller (no CURVE yet)
+    allow_remote: bool = False  # plain TCP to a non-loopback controller (unencrypted; prefer `curve`)
+    # CURVE: {"controller_public": PATH|Z85, "secret": PATH|Z85, "public": PATH|Z85 (optional)}.
+    # PATHs are ZeroMQ certificate files (`tangram up` ships agent.key_secret + controller.key).
+    curve: dict[str, str] | None = None
 
     # ------------------------------------------------------------ loading
 
@@ -158,11 +161,12 @@ class AgentConfig:
             raise ConfigError(f"controller: expected tcp://HOST:PORT, got {self.controller!r}",
                               hint="e.g. --controller tcp://127.0.0.1:7700")
         host = m.group(1).strip("[]")
-        if not self.allow_remote and not is_loopback_host(host):
+        self.curve_keys()  # ConfigError now rather than at connect time
+        if not self.curve and not self.allow_remote and not is_loopback_host(host):
             raise ConfigError(
                 f"controller {self.controller} is not a loopback address, "
                 "and plain TCP is only allowed on loopback",
-                hint="use the controller's 127.0.0.1 address, or set allow_remote (no encryption yet)")
+                hint="configure `curve` (keys from `tangram up`), or set allow_remote (no encryption)")
         if not self.name:
             self.name = default_name()
         if not _NAME_RE.match(self.name):
@@ -218,6 +222,23 @@ class AgentConfig:
             if outside:
                 raise ConfigError(f"{key}: cores {outside} are not online (online: {online})")
         return cpus, idle
+
+    def curve_keys(self) -> Any:
+        """``tangram.certs.CurveKeys`` from ``curve``, or None when CURVE is off."""
+        if self.curve is None:
+            return None
+        c = self.curve
+        allowed = {"controller_public", "secret", "public"}
+        if not isinstance(c, dict) or set(c) - allowed or not all(isinstance(v, str) for v in c.values()):
+            raise ConfigError("curve: expected a mapping of controller_public, secret and optional public "
+                              "(certificate paths or Z85 strings)")
+        missing = sorted({"controller_public", "secret"} - set(c))
+        if missing:
+            raise ConfigError(f"curve: missing {', '.join(missing)}")
+        from tangram.certs import CurveKeys, keypair, public_key
+
+        public, secret = keypair(c["secret"], c.get("public"))
+        return CurveKeys(public, secret, public_key(c["controller_public"]))
 
     def pidfile(self) -> str:
         return os.path.join(self.workdir, "agent.pid")

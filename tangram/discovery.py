@@ -15,7 +15,15 @@ import os
 
 DEFAULT_CLUSTER = "local"
 
-__all__ = ["DEFAULT_CLUSTER", "find_address", "pid_alive", "read_state", "state_file", "tangram_home"]
+__all__ = [
+    "DEFAULT_CLUSTER",
+    "find_address",
+    "find_certs",
+    "pid_alive",
+    "read_state",
+    "state_file",
+    "tangram_home",
+]
 
 
 def tangram_home() -> str:
@@ -81,3 +89,23 @@ def find_address(cluster: str = DEFAULT_CLUSTER) -> str | None:
         return None
     host = f"[{host}]" if ":" in host else host
     return f"tcp://{host}:{port}"
+
+
+def find_certs(addr: str) -> str | None:
+    """The CURVE certs directory of the recorded cluster whose submit or status address is ``addr``,
+    or None (no such cluster, or it runs without CURVE)."""
+    root = os.path.join(tangram_home(), "clusters")
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return None
+    for name in names:
+        raw = read_state(name)
+        if raw is None:
+            continue
+        if addr not in (raw.get("address"), raw.get("status_address"), raw.get("submit_addr")):
+            continue
+        certs = raw.get("certs")
+        if isinstance(certs, str) and certs and os.path.isdir(certs):
+            return certs
+    return None

@@ -100,6 +100,7 @@ class ClusterState:
     inventory: str = ""  # the inventory file, or "<local default>"
     executor: str = ""
     gpus: str = ""  # e.g. "8 emulated x 80GiB"
+    certs: str = ""  # CURVE certs directory (tangram_cli/keys.py); "" = plain TCP on loopback
     version: int = STATE_VERSION
 
     # ---------------------------------------------------------------- addresses
@@ -269,9 +270,17 @@ def find_address(name: str = DEFAULT_CLUSTER) -> str | None:
 
 
 def query_status(
-    address: str, *, sections: tuple[str, ...] = (), limit: int = 50, timeout_s: float = 2.0
+    address: str,
+    *,
+    sections: tuple[str, ...] = (),
+    limit: int = 50,
+    timeout_s: float = 2.0,
+    certs: str | None = None,
 ) -> dict[str, Any]:
     """One ``StatusReq`` to the controller's status socket; the ``Status.records`` mapping.
+
+    ``certs``: the cluster's CURVE certs directory (``ClusterState.certs``); the status keypair
+    there is used. Without it, the recorded cluster of ``address`` (if any) supplies its certs.
 
     Raises ControllerUnreachable (exit 4) when nothing answers within ``timeout_s``. If the
     controller wants a ``Hello(role="status")`` first (it answers the bare request with an
@@ -288,6 +297,15 @@ def query_status(
     sock.setsockopt(zmq.MAXMSGSIZE, p.MAX_MESSAGE_BYTES)
     sock.setsockopt(zmq.RCVTIMEO, max(1, int(timeout_s * 1000)))
     sock.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
+    try:
+        from tangram.certs import load_dir
+
+        certs = certs or discovery.find_certs(address)
+        if certs:
+            load_dir(certs, role="status").apply(sock)
+    except BaseException:
+        sock.close(0)
+        raise
     try:
         sock.connect(address)
         deadline = time.monotonic() + timeout_s

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import msgpack  # type: ignore[import-untyped]
 
 from tangram import protocol
+from tangram.certs import CurveKeys, client_keys
 from tangram.client.transport import Pending, Transport
 from tangram.errors import (
     ActionTimeout,
@@ -130,6 +131,7 @@ class AsyncClient:
         default_timeout: float | None = None,
         heartbeat_s: float = 1.0,
         connect_timeout: float = 10.0,
+        certs: str | CurveKeys | None = None,
     ) -> None:
         addr = addr or os.environ.get("TANGRAM_ADDR")
         if not addr:
@@ -137,7 +139,11 @@ class AsyncClient:
         self.addr = addr
         self.name = _clean_name(name or f"client-{os.getpid()}")
         self.default_timeout = default_timeout
-        self._transport = Transport(addr, self.name, heartbeat_s=heartbeat_s, connect_timeout=connect_timeout)
+        # CURVE keys: `certs`, else $TANGRAM_CERTS, else the recorded cluster of `addr`, else plain TCP.
+        curve = client_keys(addr, certs)
+        self._transport = Transport(
+            addr, self.name, heartbeat_s=heartbeat_s, connect_timeout=connect_timeout, curve=curve
+        )
         self._connected = False
 
     @classmethod

@@ -63,12 +63,14 @@ class Client:
         default_timeout: float | None = None,
         heartbeat_s: float = 1.0,
         connect_timeout: float = 10.0,
+        certs: str | None = None,
     ) -> None:
         self._kwargs = {
             "name": name,
             "default_timeout": default_timeout,
             "heartbeat_s": heartbeat_s,
             "connect_timeout": connect_timeout,
+            "certs": certs,
         }
         self._addr = addr
         self._lock = threading.Lock()

@@ -29,6 +29,7 @@ import zmq
 import zmq.asyncio
 
 from tangram import protocol
+from tangram.certs import CurveKeys
 from tangram.errors import ControllerUnreachable, NodeLost, ProtocolError, TangramError
 
 log = logging.getLogger("tangram.client")
@@ -46,9 +47,16 @@ class Pending:
 
 class Transport:
     def __init__(
-        self, addr: str, name: str, *, heartbeat_s: float = 1.0, connect_timeout: float = 10.0
+        self,
+        addr: str,
+        name: str,
+        *,
+        heartbeat_s: float = 1.0,
+        connect_timeout: float = 10.0,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.addr = addr
+        self.curve = curve
         self.name = name
         self.heartbeat_s = heartbeat_s
         self.connect_timeout = connect_timeout
@@ -80,6 +88,8 @@ class Transport:
         sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)
         sock.setsockopt(zmq.SNDHWM, 100000)
         sock.setsockopt(zmq.RCVHWM, 100000)
+        if self.curve is not None:
+            self.curve.apply(sock)
         try:
             sock.connect(self.addr)
         except zmq.ZMQError as exc:
@@ -93,8 +103,15 @@ class Transport:
             welcome = await asyncio.wait_for(asyncio.shield(self._welcome), self.connect_timeout)
         except TimeoutError:
             await self.close()
+            hint = (
+                "CURVE is on: is this client's public key on the controller's allow-list "
+                "(certs/clients/), and TANGRAM_CERTS the cluster's certs directory?"
+                if self.curve is not None
+                else "if the cluster uses CURVE (every `tangram up INVENTORY` does), set TANGRAM_CERTS "
+                "(`tangram env` prints it)"
+            )
             raise ControllerUnreachable(
-                f"no answer from the controller at {self.addr} within {self.connect_timeout:g}s"
+                f"no answer from the controller at {self.addr} within {self.connect_timeout:g}s", hint=hint
             ) from None
         except TangramError:
             await self.close()

@@ -122,8 +122,10 @@ def agent_config(
     cpus: Iterable[int] | None = None,
     idle_cpus: Iterable[int] | None = None,
     allow_remote: bool = False,
+    curve: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The agent's ``--config agent.json`` (keys of agent.config.AgentConfig)."""
+    """The agent's ``--config agent.json`` (keys of agent.config.AgentConfig); ``curve`` holds the
+    paths of the agent's secret certificate and the controller's public key."""
     cfg: dict[str, Any] = {
         "controller": controller,
         "name": node.name,
@@ -145,7 +147,9 @@ def agent_config(
         cfg["emulated_gpus"] = emulated_gpus
         if gpu_mem_mib:
             cfg["gpu_mem_mib"] = gpu_mem_mib
-    if allow_remote:
+    if curve:
+        cfg["curve"] = dict(curve)
+    elif allow_remote:
         cfg["allow_remote"] = True
     return cfg
 
@@ -301,6 +305,7 @@ def start_controller(
     config: Mapping[str, Any],
     timeout_s: float = CONTROLLER_READY_TIMEOUT_S,
     foreground_argv: bool = False,
+    certs: str | None = None,
 ) -> tuple[subprocess.Popen[bytes] | None, list[str], dict[str, int]]:
     """Write ``controller.json`` and start ``tangram controller`` detached; wait for its ready file.
 
@@ -330,6 +335,8 @@ def start_controller(
         "--ready-file",
         str(ready),
     ]
+    if certs:
+        argv += ["--certs", str(certs)]
     if foreground_argv:
         return None, argv, {}
     log = st.logs_dir(name) / "controller.log"
@@ -401,6 +408,7 @@ def wait_registered(
     timeout_s: float,
     on_update: Callable[[dict[str, str]], None] | None = None,
     alive: Callable[[], str | None] | None = None,
+    certs: str | None = None,
 ) -> dict[str, str]:
     """Poll the status socket until every node in ``names`` is registered and not down.
 
@@ -412,7 +420,7 @@ def wait_registered(
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            records = st.query_status(status_address, sections=(), limit=0, timeout_s=2.0)
+            records = st.query_status(status_address, sections=(), limit=0, timeout_s=2.0, certs=certs)
             rows = {rs.node_name(r): r for r in rs.rows(records, "nodes")}
             for n in want:
                 if n in rows:
@@ -456,15 +464,17 @@ def up_local(
     timeout_s: float = 120.0,
     on_event: Callable[[str], None] | None = None,
     cluster: str = st.DEFAULT_CLUSTER,
+    curve: bool = False,
 ) -> tuple[st.ClusterState, bool]:
-    """Start (or find) the local cluster. Returns (state, started_now)."""
+    """Start (or find) the local cluster. Returns (state, started_now). ``curve``: create CURVE keys
+    and run controller and agent with them (still on 127.0.0.1)."""
     say = on_event or (lambda _m: None)
     with st.locked(cluster):
         old = st.load(cluster)
         if old is not None and old.controller_alive():
             records = None
             with contextlib.suppress(TangramError):
-                records = st.query_status(old.status_address, timeout_s=2.0)
+                records = st.query_status(old.status_address, timeout_s=2.0, certs=old.certs or None)
             if records is not None:
                 return old, _restart_dead_agent(old, records, timeout_s, say)
             say("controller process runs but does not answer; restarting it")
@@ -490,8 +500,18 @@ def up_local(
         say(f"gpus: {gpu_text}")
 
         config = controller_config(inv, local_demo=True)
+        certs = ""
+        if curve:
+            from tangram_cli import keys
+
+            certs = str(keys.ensure_cluster_keys(cluster, [node.name]))
+            say(f"CURVE keys: {certs}")
         proc, _argv, ports = start_controller(
-            cluster, bind="127.0.0.1", ports={"agents": 0, "submit": 0, "status": 0}, config=config
+            cluster,
+            bind="127.0.0.1",
+            ports={"agents": 0, "submit": 0, "status": 0},
+            config=config,
+            certs=certs or None,
         )
         assert proc is not None
         state = st.ClusterState(
@@ -504,6 +524,7 @@ def up_local(
             inventory="<local default>",
             executor=chosen,
             gpus=gpu_text,
+            certs=certs,
         )
         say(f"controller pid {proc.pid} on {state.address}")
 
@@ -520,6 +541,7 @@ def up_local(
             gpu_mem_mib=gmem,
             cpus=cpus,
             idle_cpus=cpus[:1],
+            curve=_local_curve(certs, node.name) if certs else None,
         )
         cfg_path = workdir / "agent.json"
         cfg_path.write_text(json.dumps(acfg, indent=2) + "\n")
@@ -540,7 +562,9 @@ def up_local(
                 return f"controller exited with status {proc.returncode}"
             return None
 
-        seen = wait_registered(state.status_address, [node.name], timeout_s=timeout_s, alive=died)
+        seen = wait_registered(
+            state.status_address, [node.name], timeout_s=timeout_s, alive=died, certs=certs or None
+        )
         if not is_up(seen[node.name]):
             reason = seen[node.name]
             if reason == "waiting":
@@ -552,6 +576,17 @@ def up_local(
                 detail=log_tail(agent_log, 20),
             )
         return state, True
+
+
+def _local_curve(certs: str, node: str) -> dict[str, str]:
+    """A local agent reads its keys straight from the cluster's certs directory."""
+    from tangram_cli import keys
+
+    d = Path(certs)
+    return {
+        "controller_public": str(d / f"{keys.CONTROLLER}.key"),
+        "secret": str(d / f"{keys.agent_role(node)}.key_secret"),
+    }
 
 
 def _restart_dead_agent(
@@ -580,7 +615,9 @@ def _restart_dead_agent(
                 return f"agent exited with status {proc.returncode}: {log_tail(log, 1)}"
             return None
 
-        seen = wait_registered(state.status_address, [h.name], timeout_s=timeout_s, alive=died)
+        seen = wait_registered(
+            state.status_address, [h.name], timeout_s=timeout_s, alive=died, certs=state.certs or None
+        )
         if not is_up(seen[h.name]):
             raise BootstrapError(
                 f"local agent failed: {seen[h.name]}", hint=f"read {log}", detail=log_tail(log, 20)

@@ -8,6 +8,11 @@ The controller runs detached on the operator's machine and binds ``controller.bi
 ``<workdir>/<cluster>/`` (``agent.json``, ``agent.pid``, ``agent.log``, ``agent.lock``) and is
 started at most once (``flock -n agent.lock``); re-running `up` leaves a running agent alone
 unless ``--force``.
+
+Security: `up` always uses CURVE here. It creates the cluster's keys (tangram_cli/keys.py), starts
+the controller with ``--certs``, and ships each node only its own secret certificate
+(``agent.key_secret``) and the controller's public key (``controller.key``), mode 0600, next to
+``agent.json``, whose ``curve`` section points at them.
 """
 
 from __future__ import annotations
@@ -131,6 +136,7 @@ async def _bootstrap_host(
     allow_remote: bool,
     force: bool,
     rep: Reporter,
+    certs: str = "",
 ) -> str:
     from tangram_cli.bootstrap import ssh
 
@@ -176,6 +182,18 @@ async def _bootstrap_host(
             emulated = node.gpu_count or 0
         home = (facts.get("disk") or {}).get("path") or "~"
         abs_run = run_dir.replace("~", home, 1) if run_dir.startswith("~") else run_dir
+        files: dict[str, bytes] = {}
+        curve = None
+        if certs:  # CURVE: this node's own keypair and the controller's public key, mode 0600
+            from pathlib import Path
+
+            from tangram_cli import keys
+
+            files = keys.agent_files(Path(certs), node.name)
+            curve = {
+                "controller_public": f"{abs_run}/controller.key",
+                "secret": f"{abs_run}/agent.key_secret",
+            }
         cfg = local.agent_config(
             node,
             cluster=cluster,
@@ -185,9 +203,11 @@ async def _bootstrap_host(
             emulated_gpus=emulated,
             gpu_mem_mib=node.gpu_mem_mib,
             allow_remote=allow_remote,
+            curve=curve,
         )
+        files["agent.json"] = (json.dumps(cfg, indent=2) + "\n").encode()
         await ssh.run(conn, plan.mkdir_command(run_dir), check=True)
-        await ssh.upload(conn, {"agent.json": (json.dumps(cfg, indent=2) + "\n").encode()}, run_dir)
+        await ssh.upload(conn, files, run_dir)
         running = await _agent_running(conn, run_dir)
         how = "started"
         if running and force:
@@ -314,12 +334,22 @@ def up_command(
             f"ports agents {ctl.ports.agents or 'free'} submit {ctl.ports.submit or 'free'} "
             f"status {ctl.ports.status or 'free'}"
         )
+        from tangram_cli import keys as _keys
+
+        click.echo(
+            f"CURVE keys: {_keys.certs_dir(inv.cluster)} "
+            "(created if missing; each node gets only its own key)"
+        )
         click.echo(plan.render(plan.plan(nodes, inv.cluster, bundle.digest), verbose=verbose > 0), nl=False)
         return 0
     quiet = output == "json"
     err = Console(stderr=True, highlight=False)
     with st.locked(inv.cluster, timeout_s=60):
         state = st.load(inv.cluster)
+        # CURVE keys (idempotent): controller, client, status, one per node of the inventory.
+        from tangram_cli import keys
+
+        certs = str(keys.ensure_cluster_keys(inv.cluster, [n.name for n in inv.nodes]))
         if state is not None and state.controller_alive():
             if not quiet:
                 err.print(f"cluster {inv.cluster}: controller already running (pid {state.controller_pid})")
@@ -329,7 +359,7 @@ def up_command(
             ctl = inv.controller
             ports = {"agents": ctl.ports.agents, "submit": ctl.ports.submit, "status": ctl.ports.status}
             proc, _argv, got = local.start_controller(
-                inv.cluster, bind=ctl.bind, ports=ports, config=local.controller_config(inv)
+                inv.cluster, bind=ctl.bind, ports=ports, config=local.controller_config(inv), certs=certs
             )
             assert proc is not None
             state = st.ClusterState(
@@ -341,6 +371,7 @@ def up_command(
                 started_at=time.time(),
                 inventory=str(path),
                 bundle=bundle.digest,
+                certs=certs,
             )
             if not quiet:
                 err.print(
@@ -366,10 +397,13 @@ def up_command(
         st.write(state)
 
         results = {n.name: HostResult(n.name, f"{n.user}@{n.address}") for n in nodes}
-        allow_remote = not is_loopback(state.advertise)
+        # A controller started before CURVE existed has no certs: its agents stay on plain TCP.
+        allow_remote = not state.certs and not is_loopback(state.advertise)
         with Reporter(results, quiet=quiet) as rep:
             outcome = asyncio.run(
-                _bootstrap_all(nodes, inv, bundle, state.agents_address, allow_remote, force, parallel, rep)
+                _bootstrap_all(
+                    nodes, inv, bundle, state.agents_address, allow_remote, force, parallel, rep, state.certs
+                )
             )
             pending = []
             for n in nodes:
@@ -395,7 +429,12 @@ def up_command(
                     return None if state.controller_alive() else "the controller exited"
 
                 seen = local.wait_registered(
-                    state.status_address, pending, timeout_s=timeout_s, on_update=upd, alive=controller_dead
+                    state.status_address,
+                    pending,
+                    timeout_s=timeout_s,
+                    on_update=upd,
+                    alive=controller_dead,
+                    certs=state.certs or None,
                 )
                 for name in pending:
                     r = results[name]
@@ -419,6 +458,7 @@ def up_command(
                 {
                     "cluster": inv.cluster,
                     "address": state.address,
+                    "certs": state.certs,
                     "hosts": [
                         {
                             "node": r.node,
@@ -442,6 +482,8 @@ def up_command(
         out.print(f"{len(ok)}/{len(results)} agents registered with controller {state.address}")
         if ok:
             out.print(f"export TANGRAM_ADDR={state.address}")
+            if state.certs:
+                out.print(f"export TANGRAM_CERTS={state.certs}")
     if not failed:
         return 0
     if ok and allow_partial:
@@ -467,11 +509,12 @@ async def _bootstrap_all(
     force: bool,
     parallel: int,
     rep: Reporter,
+    certs: str = "",
 ) -> dict[str, Any]:
     from tangram_cli.bootstrap import ssh
 
     async def one(node: Any) -> str:
-        return await _bootstrap_host(node, inv, bundle, url, allow_remote, force, rep)
+        return await _bootstrap_host(node, inv, bundle, url, allow_remote, force, rep, certs)
 
     return await ssh.run_on_hosts(nodes, one, parallel=parallel)
 

@@ -7,7 +7,10 @@ import click
 
 @click.command("controller")
 @click.option(
-    "--bind", default="127.0.0.1", show_default=True, help="Address to bind (loopback only for now)."
+    "--bind",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind (loopback only, unless --certs turns CURVE on).",
 )
 @click.option(
     "--agents-port",
@@ -56,6 +59,13 @@ import click
     "--heartbeat", type=click.FloatRange(0.01, 60), default=None, help="Heartbeat interval in seconds."
 )
 @click.option("--cluster", default=None, help="Cluster name (default: from --config, else 'local').")
+@click.option(
+    "--certs",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="CURVE certs directory (controller key, allow-lists agents/ clients/ status/); "
+    "required to bind a non-loopback address.",
+)
 def command(
     bind: str,
     agents_port: int,
@@ -67,6 +77,7 @@ def command(
     client_grace: float | None,
     heartbeat: float | None,
     cluster: str | None,
+    certs: str | None,
 ) -> None:
     """Run the controller in the foreground.
 
@@ -78,13 +89,14 @@ def command(
 
     from tangram_cli.controller.config import load_config
     from tangram_cli.controller.daemon import Options, run_controller
-    from tangram_cli.controller.state import check_loopback
+    from tangram_cli.controller.state import check_bind
 
+    config = load_config(config_path)
+    certs = certs or config.certs
     try:
-        check_loopback(bind)
+        check_bind(bind, curve=bool(certs))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--bind") from None
-    config = load_config(config_path)
     changes: dict[str, object] = {}
     if client_grace is not None:
         changes["client_grace_s"] = client_grace
@@ -101,5 +113,6 @@ def command(
         status_port=status_port,
         journal=journal,
         ready_file=ready_file,
+        certs=certs,
     )
     raise SystemExit(run_controller(config, options))

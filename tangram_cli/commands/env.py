@@ -11,11 +11,16 @@ from tangram_cli import state as st
 @click.option("-c", "--cluster", metavar="NAME", help="Cluster name (default: the running one, else local).")
 @click.option("--shell", type=click.Choice(["bash", "fish"]), default="bash", show_default=True)
 def command(cluster: str | None, shell: str) -> None:
-    """Print `export TANGRAM_ADDR=...` for a running cluster (eval it in your shell)."""
+    """Print `export TANGRAM_ADDR=...` (and `TANGRAM_CERTS=...` when the cluster uses CURVE) for a
+    running cluster (eval it in your shell)."""
+    import shlex
+
     state = st.find(cluster)
-    if shell == "fish":
-        click.echo(f"set -gx TANGRAM_ADDR {state.address};")
-        click.echo(f"set -gx TANGRAM_CLUSTER {state.name};")
-    else:
-        click.echo(f"export TANGRAM_ADDR={state.address}")
-        click.echo(f"export TANGRAM_CLUSTER={state.name}")
+    pairs = [("TANGRAM_ADDR", state.address), ("TANGRAM_CLUSTER", state.name)]
+    if state.certs:
+        pairs.append(("TANGRAM_CERTS", state.certs))
+    for key, value in pairs:
+        if shell == "fish":
+            click.echo(f"set -gx {key} {shlex.quote(value)};")
+        else:
+            click.echo(f"export {key}={shlex.quote(value)}")

@@ -30,7 +30,9 @@ def _target(inventory: str | None, cluster: str | None) -> st.ClusterState:
 
 def _fetch(state: st.ClusterState, limit: int) -> dict:
     try:
-        return st.query_status(state.status_address, limit=limit, timeout_s=3.0)
+        return st.query_status(
+            state.status_address, limit=limit, timeout_s=3.0, certs=state.certs or None
+        )
     except ControllerUnreachable as exc:
         raise ControllerUnreachable(
             f"cluster {state.name}: the controller at {state.status_address} does not answer ({exc})",

@@ -51,6 +51,8 @@ def print_ready(state: st.ClusterState, *, started: bool) -> None:
     click.echo(f"logs: {st.logs_dir(state.name)}")
     click.echo("next: `tangram status`, `tangram demo`, `tangram down`")
     click.echo(f"export TANGRAM_ADDR={state.address}")
+    if state.certs:
+        click.echo(f"export TANGRAM_CERTS={state.certs}")
 
 
 @click.command("up")
@@ -83,6 +85,9 @@ def print_ready(state: st.ClusterState, *, started: bool) -> None:
 @click.option(
     "--gpu-mem", default=None, metavar="SIZE", help="Local default: memory per emulated GPU (80GiB)."
 )
+@click.option(
+    "--curve", is_flag=True, help="Local default: use CURVE keys too (an inventory always does)."
+)
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.pass_context
 def command(
@@ -100,6 +105,7 @@ def command(
     executor: str,
     gpus: int | None,
     gpu_mem: str | None,
+    curve: bool,
     output: str,
 ) -> None:
     """Start a cluster from INVENTORY over SSH, or the local default when none is given.
@@ -153,6 +159,7 @@ def command(
         gpu_mem_mib=_gpu_mem(gpu_mem),
         timeout_s=min(timeout_s, 120.0),
         on_event=say,
+        curve=curve,
     )
     if quiet:
         import json

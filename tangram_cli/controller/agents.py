@@ -126,7 +126,15 @@ class AgentLink:
         self._epochs = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._byes: dict[str, asyncio.Future[None]] = {}
-        self.counters: dict[str, int] = {"stale_replies": 0, "bad_frames": 0, "rejected_hellos": 0}
+        self.counters: dict[str, int] = {
+            "stale_replies": 0,
+            "bad_frames": 0,
+            "rejected_hellos": 0,
+            "impostor_frames": 0,
+        }
+        # CURVE: (routing identity, User-Id) -> whether that key belongs to that node; None: plain TCP
+        self.peer_check: Callable[[bytes, str], bool] | None = None
+        self._impostors_logged: set[tuple[bytes, str]] = set()
 
     # ------------------------------------------------------------ plumbing
     def _next_rid(self) -> int:
@@ -170,11 +178,30 @@ class AgentLink:
     # ------------------------------------------------------------ receive
     async def run(self) -> None:
         while True:
-            frames = await self.sock.recv_multipart()
+            if self.peer_check is None:
+                frames = await self.sock.recv_multipart()
+            else:
+                raw = await self.sock.recv_multipart(copy=False)
+                frames = [f.bytes for f in raw]
+                user = raw[-1].get("User-Id") if len(raw) > 1 else ""
+                if not self.peer_check(frames[0], user):
+                    self._impostor(frames[0], user)
+                    continue
             try:
                 self._on_frames(frames)
             except Exception:
                 log.exception("agent message handling failed")
+
+    def _impostor(self, ident: bytes, user: str) -> None:
+        """A message whose CURVE key is not the key of the node it claims to be: dropped."""
+        self.counters["impostor_frames"] += 1
+        if (ident, user) not in self._impostors_logged and len(self._impostors_logged) < 1000:
+            self._impostors_logged.add((ident, user))
+            log.warning(
+                "dropped a message from key %s claiming node %r (not that node's key)",
+                user,
+                ident.decode(errors="replace"),
+            )
 
     def _on_frames(self, frames: list[bytes]) -> None:
         if len(frames) < 2:

@@ -8,7 +8,10 @@ The file is what `tangram up` writes after resolving an inventory; every key is 
                    "gpu_mem_mib": 16384, "chunk_sizes": [1, 2], "load_s": 2.0, "t_ori": 0.2,
                    "host_mem_mib": 16384}],
      "apis": [{"name": "search", "mode": "concurrency", "limit": 16, "period_s": 60}],
-     "profiles": {"pytest": {"efficiency": {"1": 1.0, "2": 0.97}}, "synthetic": {"serial_fraction": 0.05}}}
+     "profiles": {"pytest": {"efficiency": {"1": 1.0, "2": 0.97}}, "synthetic": {"serial_fraction": 0.05}},
+     "certs": "~/.tangram/clusters/local/certs"}
+
+`certs` (or `--certs`) turns CURVE on: see tangram_cli/controller/curve.py.
 
 Services become `ServiceDefined` events and `Prepare` messages to GPU agents (the Prepare
 `spec` is the service mapping's `PREPARE_KEYS`; scheduling keys stay on the controller); APIs
@@ -65,6 +68,7 @@ class ControllerConfig:
     services: tuple[ServiceConf, ...] = ()
     apis: tuple[ApiConf, ...] = ()
     profiles: dict[str, Elasticity] = field(default_factory=lambda: dict(BUILTIN_PROFILES))
+    certs: str | None = None  # CURVE certs directory (`--certs` wins); None: plain TCP on loopback
 
     def service(self, name: str) -> ServiceConf | None:
         return next((s for s in self.services if s.name == name), None)
@@ -156,7 +160,16 @@ def parse_config(raw: dict[str, Any]) -> ControllerConfig:
         services=tuple(services),
         apis=tuple(apis),
         profiles=profiles,
+        certs=_certs(raw.get("certs")),
     )
+
+
+def _certs(value: object) -> str | None:
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"certs: expected a directory path, got {value!r}")
+    return value
 
 
 def load_config(path: str | None) -> ControllerConfig:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -33,9 +34,10 @@ from tangram.core import events as ev
 from tangram.core.scheduler import CoreConfig, Scheduler
 from tangram_cli.controller.agents import AgentLink, new_epoch
 from tangram_cli.controller.config import ControllerConfig
+from tangram_cli.controller.curve import ServerAuth
 from tangram_cli.controller.driver import Driver, WallClock, open_journal
 from tangram_cli.controller.gateway import Gateway
-from tangram_cli.controller.state import Registry, cancel_tasks, check_loopback, make_router
+from tangram_cli.controller.state import Registry, cancel_tasks, check_bind, make_router
 from tangram_cli.controller.statusd import StatusServer, build_records
 
 log = logging.getLogger("tangram.controller")
@@ -50,13 +52,14 @@ class Options:
     journal: str | None = None
     ready_file: str | None = None
     seed: int = 0
+    certs: str | None = None  # CURVE certs directory (tangram_cli/keys.py); None: plain TCP, loopback only
 
 
 class Controller:
     def __init__(self, config: ControllerConfig | None = None, options: Options | None = None) -> None:
         self.config = config or ControllerConfig()
         self.options = options or Options()
-        check_loopback(self.options.bind)
+        check_bind(self.options.bind, curve=bool(self.options.certs))
         self.epoch = new_epoch()
         self.registry = Registry()
         self.core = Scheduler(CoreConfig(depth=self.config.depth), seed=self.options.seed)
@@ -66,10 +69,23 @@ class Controller:
         self.driver = Driver(self.core, self.clock, self.journal, self.dispatch)
         self.ctx = zmq.asyncio.Context()
         o = self.options
-        self.agents_sock, self.agents_port = make_router(self.ctx, o.bind, o.agents_port)
-        self.submit_sock, self.submit_port = make_router(self.ctx, o.bind, o.submit_port)
-        self.status_sock, self.status_port = make_router(self.ctx, o.bind, o.status_port)
+        self.curve: ServerAuth | None = None
+        secure: dict[str, Any] = {"agents": None, "submit": None, "status": None}
+        if o.certs:
+            try:
+                self.curve = ServerAuth(self.ctx, o.certs)
+            except BaseException:
+                self.ctx.term()
+                raise
+            # The ZAP handler runs in this context and starts before any socket binds.
+            self.curve.start(on_dead=lambda _why: self.request_stop())
+            secure = {name: functools.partial(self.curve.secure, name=name) for name in secure}
+        self.agents_sock, self.agents_port = make_router(self.ctx, o.bind, o.agents_port, secure["agents"])
+        self.submit_sock, self.submit_port = make_router(self.ctx, o.bind, o.submit_port, secure["submit"])
+        self.status_sock, self.status_port = make_router(self.ctx, o.bind, o.status_port, secure["status"])
         self.agents = AgentLink(self.agents_sock, self.driver.post, self.registry, self.config, self.epoch)
+        if self.curve is not None:  # a node speaks only with its own key (User-Id), never as another node
+            self.agents.peer_check = self.curve.node_key_matches
         self.gateway = Gateway(
             self.submit_sock, self.driver.post, self.registry, self.agents, self.config, self.epoch
         )
@@ -112,6 +128,7 @@ class Controller:
             "submit_addr": self.submit_addr,
             "agents_addr": self.agents_addr,
             "status_addr": self.status_addr,
+            "curve": self.curve is not None,
         }
 
     # ------------------------------------------------------------ dispatch (driver task only)
@@ -184,6 +201,14 @@ class Controller:
         )
 
     # ------------------------------------------------------------ lifecycle
+    async def check_security(self) -> None:
+        """With CURVE: connect with an unknown key and with NULL to every socket; RuntimeError
+        unless all are refused (fail closed). Without CURVE: nothing (loopback only)."""
+        if self.curve is not None:
+            await self.curve.self_test(
+                {"agents": self.agents_addr, "submit": self.submit_addr, "status": self.status_addr}
+            )
+
     def start(self) -> None:
         for coro in (
             self.driver.run(),
@@ -220,11 +245,18 @@ class Controller:
         await self.gateway.close()
         for sock in (self.agents_sock, self.submit_sock, self.status_sock):
             sock.close(linger=0)
+        if self.curve is not None:
+            self.curve.stop()  # closes the ZAP socket, else term() waits for it
         self.ctx.term()
         self.journal.close()
 
     async def __aenter__(self) -> Controller:
         self.start()
+        try:
+            await self.check_security()
+        except BaseException:
+            await self.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -248,6 +280,12 @@ async def serve(config: ControllerConfig, options: Options, *, print_ready: bool
     with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
         loop.add_signal_handler(signal.SIGUSR1, lambda: controller.request_stop(down=True))
     controller.start()
+    try:
+        await controller.check_security()
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        await controller.stop()
+        return 1
     info = controller.ready_info()
     if options.ready_file:
         write_ready(options.ready_file, info)

@@ -12,6 +12,7 @@ import contextlib
 import ipaddress
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +104,11 @@ class Registry:
 
 
 def check_loopback(bind: str) -> None:
-    """Plain TCP only on loopback (CURVE is later work)."""
+    """Plain TCP only on loopback; with CURVE (``check_bind(bind, curve=True)``) any interface address."""
+    check_bind(bind, curve=False)
+
+
+def check_bind(bind: str, *, curve: bool) -> None:
     host = bind.strip("[]")
     if host == "localhost":
         return
@@ -111,15 +116,25 @@ def check_loopback(bind: str) -> None:
         addr = ipaddress.ip_address(host)
     except ValueError:
         raise ValueError(f"--bind must be an IP address, got {bind!r}") from None
-    if not addr.is_loopback:
+    if addr.is_unspecified:
+        raise ValueError(f"refusing to bind {bind}: name one interface address, not every interface")
+    if not curve and not addr.is_loopback:
         raise ValueError(
-            f"refusing to bind {bind}: plain TCP is only allowed on loopback addresses "
-            "(CURVE security is not implemented yet); use --bind 127.0.0.1"
+            f"refusing to bind {bind}: plain TCP is only allowed on loopback addresses; "
+            "pass --certs DIR (CURVE keys, which `tangram up INVENTORY` creates) or use --bind 127.0.0.1"
         )
 
 
-def make_router(ctx: zmq.asyncio.Context, bind: str, port: int) -> tuple[zmq.asyncio.Socket, int]:
+def make_router(
+    ctx: zmq.asyncio.Context,
+    bind: str,
+    port: int,
+    secure: Callable[[zmq.asyncio.Socket], None] | None = None,
+) -> tuple[zmq.asyncio.Socket, int]:
+    """A ROUTER bound to ``bind:port``; ``secure`` (CURVE server options) runs before the bind."""
     sock = ctx.socket(zmq.ROUTER)
+    if secure is not None:
+        secure(sock)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)

@@ -50,6 +50,7 @@ class FakeAgent:
     sandboxes_at_hello: list[str] = field(default_factory=list)
     mute: bool = False  # stop heartbeats and replies (a hung agent)
     welcomed: asyncio.Event = field(default_factory=asyncio.Event)
+    curve: Any = None  # tangram.certs.CurveKeys: connect as a CURVE client (tests/security)
     _procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     _killed: set[str] = field(default_factory=set)
     _task: asyncio.Task[None] | None = None
@@ -60,6 +61,8 @@ class FakeAgent:
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, self.name.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None:
+            self.curve.apply(self.sock)
         self.sock.connect(self.addr)
         facts = {
             "cpus": list(self.cpus),

@@ -85,10 +85,10 @@ def labelled_containers(cluster: str) -> int:
         client.close()
 
 
-async def run_on_both(addr: str) -> list[tuple[str, tuple[int, ...]]]:
+async def run_on_both(addr: str, certs: str) -> list[tuple[str, tuple[int, ...]]]:
     import tangram
 
-    async with tangram.AsyncClient(addr, name="e2e-ssh") as tg:
+    async with tangram.AsyncClient(addr, name="e2e-ssh", certs=certs) as tg:
 
         async def one(i: int) -> tuple[str, tuple[int, ...]]:
             async with tg.sandbox() as env:
@@ -118,9 +118,16 @@ def test_up_status_down_two_nodes(sshd_factory, ssh_key, tmp_path: Path) -> None
     assert "Traceback" not in up.stderr
     state = json.loads((home / "clusters" / cluster / "state.json").read_text())
     addr = state["address"]
+    certs = state["certs"]  # `up INVENTORY` always runs CURVE
+    assert f"export TANGRAM_CERTS={certs}" in up.stdout
+    node_dir = tmp_path / "nodes"
+    shipped = sorted(p.name for p in node_dir.rglob("*.key*"))
+    assert shipped == ["agent.key_secret", "agent.key_secret", "controller.key", "controller.key"]
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in node_dir.rglob("*.key*"))
+    assert not list(node_dir.rglob("client.key_secret"))  # nodes get only their own secret
 
     try:
-        used = asyncio.run(run_on_both(addr))
+        used = asyncio.run(run_on_both(addr, certs))
         assert {n for n, _ in used} == {"node-a", "node-b"}
         assert {c for n, c in used if n == "node-a"} == {(0,)}
         assert {c for n, c in used if n == "node-b"} == {(1,)}
@@ -132,6 +139,17 @@ def test_up_status_down_two_nodes(sshd_factory, ssh_key, tmp_path: Path) -> None
         assert set(nodes) == {"node-a", "node-b"}
         assert all(r["cpus_total"] == 1 for r in nodes.values())
         assert doc["agents_healthy"] == 2
+
+        env = tangram("env", "-c", cluster, home=home)
+        assert f"export TANGRAM_CERTS={certs}" in env.stdout
+
+        async def without_keys() -> None:
+            import tangram as tg
+
+            await tg.AsyncClient(addr, name="nokeys", certs=None, connect_timeout=1.0).connect()
+
+        with pytest.raises(Exception, match="no answer"):  # NULL client: refused by CURVE
+            asyncio.run(without_keys())
 
         table = tangram("status", "-c", cluster, home=home)
         assert table.returncode == 0
