@@ -150,6 +150,9 @@ class Engine:
             if code == EVENT:
                 if type(item) is ev.Tick:
                     self._ticks.discard(t)
+                    due = self.core.next_deadline()
+                    if due is None or due > t:
+                        continue  # the deadline went away (work ended early): like the live driver, no Tick
                 self._feed(item)
             elif code == WAKE:
                 self._submit(item)
