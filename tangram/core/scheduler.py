@@ -15,26 +15,36 @@ in order; ``next_deadline()`` says when it next needs a ``Tick``. Numbered rules
    that can fit waits forever, since every pass serves the head of each queue first.
 5. Resources are only taken by start commands and only returned by ``ActionFinished``,
    cancellation of a queued action, lease expiry, sandbox close, or node loss.
+
+This module holds the ``Scheduler`` itself: its state, the event handlers, admission,
+endings, deadlines and the read-only views. The two resource passes live beside it as plain
+functions over the scheduler's state: ``cpu_pass.py`` (per-node FCFS merge, placement,
+allocation with greedy eviction, reserved sandboxes) and ``gpu_pass.py`` (FCFS prefix, chunk
+DP, wait-for-resident, call starts); ``state.py`` holds the records (``Waiting``,
+``Running``, ``Sandbox``, ``QueueRow``, ``Snapshot``) and the policy names, re-exported here.
 """
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from random import Random
 
 from tangram.core import commands as cmd
+from tangram.core import cpu_pass, gpu_pass
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, DurationHistory, Kind, duration
-from tangram.core.approx import Behind, approx_acts
-from tangram.core.dp import DPTable, arrange_table
-from tangram.core.gpu import ChunkOperator, root_chunks
+from tangram.core.approx import Behind
 from tangram.core.managers.basic import BasicManager
 from tangram.core.managers.cpu import CpuManager
-from tangram.core.managers.gpu import SIZES, GpuManager, GpuNode, ServiceInfo, chunk_size
+from tangram.core.managers.gpu import SIZES, GpuManager, ServiceInfo, chunk_size
 from tangram.core.resources import CPU, GPU, Demand, is_api, valid_resource
+from tangram.core.state import FIXED, MAX, MIN, TANGRAM, QueueRow, Running, Sandbox, Snapshot, Waiting
 from tangram.core.status import ADMITTED, Code, Shortfall, Status, never, wait
 
-TANGRAM, MIN, MAX, FIXED = "tangram", "min", "max", "fixed"
+__all__ = [
+    "FIXED", "MAX", "MIN", "TANGRAM", "CoreConfig", "QueueRow", "Running", "Sandbox", "Scheduler", "Snapshot",
+    "Waiting",
+]
 
 
 @dataclass(frozen=True)
@@ -50,67 +60,6 @@ class CoreConfig:
     default_duration_s: float = 1.0
     behind_limit: int = 32
     cache_aware: bool = True  # False: GPU chunks chosen ignoring residency (the serverless baseline)
-
-
-@dataclass
-class Waiting:
-    spec: ActionSpec
-    seq: int
-    submitted: float
-    deadline: float | None
-    status: Status = ADMITTED
-    need: int = 0  # the policy's minimum units, fixed at submission
-
-
-@dataclass
-class Running:
-    spec: ActionSpec
-    node: str
-    units: int
-    started: float
-    est_end: float
-    cores: tuple[int, ...] = ()
-    chunk: tuple[int, int] = (0, 0)  # (start, size)
-    load_s: float = 0.0
-    deadline: float | None = None
-    killed: bool = False
-
-
-@dataclass
-class Sandbox:
-    sandbox: str
-    client: str
-    mem_mib: int
-    image: str
-    reserve: int
-    task: str
-    node: str | None = None
-    lost: bool = False
-    cores: tuple[int, ...] = ()  # reserved cores (reserve > 0)
-    held: list[ActionSpec] = field(default_factory=list)  # execs waiting for the reservation
-
-
-@dataclass(frozen=True)
-class QueueRow:
-    action_id: str
-    pool: str
-    kind: str
-    client: str
-    waited_s: float
-    demand: str
-    status: str
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    now: float
-    nodes: tuple[dict[str, object], ...]
-    services: tuple[dict[str, object], ...]
-    apis: tuple[dict[str, object], ...]
-    queue: tuple[QueueRow, ...]
-    queued: int
-    running: int
-    counters: tuple[tuple[str, int], ...]
 
 
 class Scheduler:
@@ -300,7 +249,7 @@ class Scheduler:
             out.append(cmd.Reject(spec.action_id, "NO_CAPACITY", st.message, st.reasons))
             return
         if spec.kind is Kind.EXEC and sb is not None and sb.reserve > 0:
-            self._exec_reserved(sb, spec, out)
+            cpu_pass.exec_reserved(self, sb, spec, out)
             return
         pool = self._pool(spec)
         self._seq += 1
@@ -381,9 +330,9 @@ class Scheduler:
             if not self.queues.get(pool):
                 continue
             if pool == CPU:
-                self._pass_cpu(out)
+                cpu_pass.run(self, out)
             elif pool == GPU:
-                self._pass_gpu(out)
+                gpu_pass.run(self, out)
             elif is_api(pool):
                 self._pass_api(pool, out)
 
@@ -405,121 +354,7 @@ class Scheduler:
             heapq.heappush(self._deadlines, (expires, self._seq, aid))
             out.append(cmd.Grant(aid, api.name, expires))
 
-    def _pass_cpu(self, out: list[cmd.Command]) -> None:
-        """Algorithm 1 per node: FCFS prefixes whose minimums fit, then elastic DP.
-
-        The CPU queue is kept per node (plus one queue of trajectories without a node yet);
-        the pass merges them in submission order and stops reading a queue at its first
-        action that does not fit, so a pass costs O(started + nodes), not O(queued)."""
-        free = {n: node.free for n, node in self.cpu.nodes.items()}
-        cands: dict[str, list[Waiting]] = {}
-        behind: dict[str, list[Waiting]] = {}
-        tentative: dict[str, str] = {}  # sandbox -> node chosen earlier in this pass
-        heads: list[tuple[int, str]] = []
-        iters = {key: iter(q.values()) for key, q in self._cpu_sub.items() if q}
-        for key, it in iters.items():
-            first = next(it, None)
-            if first is not None:
-                heads.append((first.seq, key))
-                iters[key] = _Peek(first, it)  # type: ignore[assignment]
-        heapq.heapify(heads)
-        blocked: set[str] = set()
-        while heads:
-            _, key = heapq.heappop(heads)
-            src = iters[key]
-            assert isinstance(src, _Peek)
-            w = src.pop()
-            node = key or tentative.get(w.spec.sandbox, "")
-            if node:
-                if node in blocked or free.get(node, 0) < w.need:
-                    if node not in blocked:
-                        blocked.add(node)
-                        total = self.cpu.nodes[node].total
-                        w.status = wait(Shortfall(CPU, w.need, free.get(node, 0), total, node))
-                    behind.setdefault(node, []).append(w)
-                    if key:  # the rest of this node's queue waits behind it
-                        behind[node].extend(src.take(self.config.behind_limit))
-                        continue
-                else:
-                    cands.setdefault(node, []).append(w)
-                    free[node] -= w.need
-            else:
-                sb = self.sandboxes.get(w.spec.sandbox)
-                mem = sb.mem_mib if sb is not None else w.spec.mem_mib
-                target = self.cpu.place(w.need, mem, free, blocked)
-                if target is None:
-                    w.status = self._placement_shortfall(w.need, mem, free)
-                    continue  # new trajectories queue FCFS behind this one
-                tentative[w.spec.sandbox] = target
-                cands.setdefault(target, []).append(w)
-                free[target] -= w.need
-            if src.has_next():
-                heapq.heappush(heads, (src.peek_seq(), key))
-        for spec_sb, node in tentative.items():
-            self._bind_sandbox(spec_sb, node, out)
-        for node in sorted(cands):
-            self._start_cpu_group(node, cands[node], behind.get(node, []), out)
-
-    def _placement_shortfall(self, need: int, mem: int, free: dict[str, int]) -> Status:
-        best_cores = max(free.values(), default=0)
-        best_mem = max((n.mem_free for n in self.cpu.nodes.values()), default=0)
-        total = max((n.total for n in self.cpu.nodes.values()), default=0)
-        mem_total = max((n.mem_total for n in self.cpu.nodes.values()), default=0)
-        reasons = []
-        if best_cores < need:
-            reasons.append(Shortfall(CPU, need, best_cores, total, "any node"))
-        if best_mem < mem:
-            reasons.append(Shortfall("mem", mem, best_mem, mem_total, "any node"))
-        return wait(*reasons, message="no node has the cores and the trajectory's memory free together")
-
-    def _bind_sandbox(self, sandbox: str, node: str, out: list[cmd.Command]) -> None:
-        sb = self.sandboxes.get(sandbox)
-        if sb is None or sb.node is not None:
-            return
-        sb.node = node
-        self.cpu.bind(sb.sandbox, node, sb.mem_mib)
-        out.append(cmd.CreateSandbox(node, sb.sandbox, sb.mem_mib, sb.image))
-        loose = self._cpu_sub.get("", {})
-        moved = [w for w in loose.values() if w.spec.sandbox == sb.sandbox]
-        if moved:
-            target = self._cpu_sub.setdefault(node, {})
-            for w in moved:
-                del loose[w.spec.action_id]
-            merged = sorted([*target.values(), *moved], key=lambda w: w.seq)
-            self._cpu_sub[node] = {w.spec.action_id: w for w in merged}
-
-    def _start_cpu_group(self, node: str, group: list[Waiting], waiting: list[Waiting], out: list[cmd.Command]) -> None:
-        cpu_node = self.cpu.nodes[node]
-        units = self._allocate(group, waiting, cpu_node.free, node)
-        for w, u in zip(group, units):
-            if u == 0:
-                w.status = wait(message="held back: starting it now would raise the summed completion time")
-                continue
-            self._dequeue(CPU, w.spec.action_id)
-            cores = cpu_node.pick(u)
-            cpu_node.take(cores)
-            est = self._estimate(w.spec, u)
-            r = Running(w.spec, node, u, self.now, self.now + est, cores=cores, deadline=w.deadline)
-            self.running[w.spec.action_id] = r
-            self.counters["started"] = self.counters.get("started", 0) + 1
-            if w.spec.kind is Kind.OPEN:
-                sb = self.sandboxes[w.spec.sandbox]
-                sb.cores = cores
-                out.append(cmd.Reserve(w.spec.action_id, node, sb.sandbox, cores))
-                for held in sb.held:
-                    self._spawn_reserved(sb, held, out)
-                sb.held.clear()
-            else:
-                out.append(cmd.Spawn(w.spec.action_id, node, w.spec.sandbox, cores, u, est))
-
-    def _running_on(self, node: str) -> list[tuple[float, int]]:
-        return [
-            (r.est_end - self.now, r.units)
-            for r in self.running.values()
-            if r.node == node and r.spec.kind is Kind.EXEC and r.units
-        ]
-
-    # -- allocation (Algorithm 1's inner part) ----------------------------------------------
+    # -- duration model (shared by admission and both passes) ------------------------------
     def _min_units(self, spec: ActionSpec) -> int:
         """The fewest units the policy starts ``spec`` with (fixed DoP: exactly K)."""
         d = spec.key_demand
@@ -527,62 +362,6 @@ class Scheduler:
             k = min(max(self.config.fixed_dop, d.min), d.max)
             return k if d.allows(k) else d.min
         return d.min
-
-    def _options(self, spec: ActionSpec, spare: int) -> dict[int, float]:
-        """Feasible units -> estimated duration, under the configured policy."""
-        d = spec.key_demand
-        t_ori = self._t_ori(spec)
-        policy = self.config.policy
-        if spec.kind is Kind.OPEN or not d.elastic:
-            return {d.min: self._estimate(spec, d.min)}
-        if policy == FIXED and self.config.fixed_dop > 0:
-            k = self._min_units(spec)
-            return {k: self._estimate(spec, k)}
-        if policy == MIN or t_ori is None or spec.elasticity is None:
-            return {d.min: self._estimate(spec, d.min)}
-        useful = spec.elasticity.max_useful()
-        cap = d.min + spare if useful is None else min(d.min + spare, max(useful, d.min))
-        return {u: duration(t_ori, spec.elasticity, u) for u in d.clamp_max(cap).options()}
-
-    def _allocate(self, group: list[Waiting], waiting: list[Waiting], free_units: int, node: str) -> list[int]:
-        """Units per candidate (0: held back), via DPArrange and greedy eviction."""
-        spare = free_units - sum(w.need for w in group)
-        if self.config.policy == MAX:
-            return self._greedy_max(group, spare)
-        options = [self._options(w.spec, spare) for w in group]
-        table = arrange_table(options, free_units)
-        n = len(group)
-        if self.config.policy != TANGRAM or not self.config.eviction or n == 0:
-            return list(table.best(n)[1]) if n else []
-        if n == 1 or all(len(o) == 1 for o in options):
-            return list(table.best(n)[1])  # nothing to evict, or nothing elastic: minimums
-        running = self._running_on(node)  # only now: it scans the running actions
-        behind = [self._behind(w.spec) for w in waiting[: self.config.behind_limit]]
-        cand_behind = [self._behind(w.spec) for w in group]
-
-        def objective(t: int) -> float:
-            total, units = table.best(t)
-            plan = [(u, options[i][u]) for i, u in enumerate(units)]
-            return approx_acts(total, plan, running, cand_behind[t:] + behind, free_units, self.config.depth)
-
-        t, best = n, objective(n)
-        while t > 1:
-            obj = objective(t - 1)
-            if obj >= best:
-                break
-            best, t = obj, t - 1
-        units = list(table.best(t)[1])
-        return units + [0] * (n - t)
-
-    def _greedy_max(self, group: list[Waiting], spare: int) -> list[int]:
-        """Always-maximum baseline: in FCFS order each takes all it can of what is left."""
-        units = []
-        for w in group:
-            d = w.spec.key_demand
-            top = d.clamp_max(d.min + spare).max if d.elastic and w.spec.kind is Kind.EXEC else d.min
-            spare -= top - d.min
-            units.append(top)
-        return units
 
     def _behind(self, spec: ActionSpec) -> Behind:
         d = spec.key_demand
@@ -608,167 +387,6 @@ class Scheduler:
         t = self._t_ori(spec)
         t_ori = self.config.default_duration_s if t is None else t
         return duration(t_ori, spec.elasticity, units) if spec.elasticity is not None else t_ori
-
-    # -- reserved sandboxes (the trajectory-level baseline) --------------------------------
-    def _exec_reserved(self, sb: Sandbox, spec: ActionSpec, out: list[cmd.Command]) -> None:
-        if not sb.cores:
-            sb.held.append(spec)
-            return
-        self._spawn_reserved(sb, spec, out)
-
-    def _spawn_reserved(self, sb: Sandbox, spec: ActionSpec, out: list[cmd.Command]) -> None:
-        dop = max(1, min(len(sb.cores), spec.key_demand.max))
-        est = self._estimate(spec, dop)
-        deadline = self.now + spec.timeout_s if spec.timeout_s > 0 else None
-        assert sb.node is not None
-        self.running[spec.action_id] = Running(spec, sb.node, 0, self.now, self.now + est, deadline=deadline)
-        if deadline is not None:
-            self._seq += 1
-            heapq.heappush(self._deadlines, (deadline, self._seq, spec.action_id))
-        out.append(cmd.Spawn(spec.action_id, sb.node, sb.sandbox, sb.cores, dop, est))
-
-    # -- GPU pool ------------------------------------------------------------------------
-    def _pass_gpu(self, out: list[cmd.Command]) -> None:
-        """Algorithm 1 over the GPU queue: the FCFS prefix whose minimum chunks fit (with the
-        tentative busy masks of this pass), grouped per node; elastic calls get their chunk
-        sizes from DPArrange with the chunk-wise operator (Algorithm 4)."""
-        busy = {n: node.busy for n, node in self.gpu.nodes.items()}
-        groups: dict[str, list[Waiting]] = {}
-        blocked = False
-        behind: list[Waiting] = []
-        soon: dict[tuple[str, int], list[float]] = {}
-        for w in self.queues[GPU].values():
-            if blocked:
-                if len(behind) >= self.config.behind_limit:
-                    break
-                behind.append(w)
-                continue
-            size = chunk_size(w.spec.key_demand.min)
-            pl = self.gpu.choose(w.spec.service, size, busy, set())
-            if pl is None:
-                blocked = True
-                free = sum(n.count - busy[name].bit_count() for name, n in self.gpu.nodes.items())
-                total = sum(n.count for n in self.gpu.nodes.values())
-                w.status = wait(Shortfall(GPU, size, free, total, "a free aligned chunk"))
-                behind.append(w)
-                continue
-            if not pl.resident and self._wait_for_resident(w, size, soon):
-                continue
-            busy[pl.node] |= self.gpu.nodes[pl.node].chunk_mask(pl.start, pl.size)
-            groups.setdefault(pl.node, []).append(w)
-        for node in sorted(groups):
-            self._start_gpu_group(node, groups[node], behind, out)
-
-    def _wait_for_resident(self, w: Waiting, size: int, soon: dict[tuple[str, int], list[float]]) -> bool:
-        """Cache awareness beyond the paper's tie-break: rather than restore a service onto a
-        free chunk, wait for a busy chunk that already holds it when that chunk frees up
-        sooner than a restore would take. ``soon`` tracks, per (service, size), when each busy
-        resident copy frees, counting the calls already queued for it in this pass."""
-        if self.config.policy != TANGRAM or not self.config.cache_aware:
-            return False
-        spec = w.spec
-        key = (spec.service, size)
-        if key not in soon:
-            soon[key] = sorted(r.est_end for r in self.running.values()
-                               if r.spec.kind is Kind.CALL and r.spec.service == spec.service and r.chunk[1] == size)
-        frees = soon[key]
-        load_s = self.gpu.services[spec.service].load_s
-        if not frees or frees[0] - self.now >= load_s:
-            return False
-        heapq.heapreplace(frees, frees[0] + self._estimate(spec, size))
-        w.status = wait(message=f"waiting for a busy GPU that holds {spec.service}: sooner than a {load_s:g} s restore")
-        return True
-
-    def _start_gpu_group(self, node: str, group: list[Waiting], behind: list[Waiting], out: list[cmd.Command]) -> None:
-        gnode = self.gpu.nodes[node]
-        sizes = self._gpu_sizes(gnode, group, behind)
-        for w, size in zip(group, sizes):
-            if size == 0:
-                w.status = wait(message="held back: starting it now would raise the summed completion time")
-                continue
-            pl = self.gpu.choose(w.spec.service, size, {}, set(), only=node)
-            if pl is None and size != chunk_size(w.spec.key_demand.min):
-                pl = self.gpu.choose(w.spec.service, chunk_size(w.spec.key_demand.min), {}, set(), only=node)
-            if pl is None:
-                w.status = wait(message=f"no aligned chunk free on {node} after fragmentation")
-                continue
-            del self.queues[GPU][w.spec.action_id]
-            self._start_call(w, pl, out)
-
-    def _gpu_sizes(self, gnode: GpuNode, group: list[Waiting], behind: list[Waiting]) -> list[int]:
-        """Chunk size per candidate on one node (0: held back)."""
-        mins = [chunk_size(w.spec.key_demand.min) for w in group]
-        free = gnode.count - gnode.busy.bit_count()
-        options = [self._gpu_options(w.spec, free) for w in group]
-        if all(len(o) == 1 for o in options):
-            return [next(iter(o)) for o in options]
-        table = DPTable(options, ChunkOperator(_FreeView(gnode)))
-        n = len(group)
-        if not table.feasible(n):
-            return mins
-        if self.config.policy != TANGRAM or not self.config.eviction:
-            return list(table.best(n)[1])
-        running = [(r.est_end - self.now, r.units) for r in self.running.values()
-                   if r.node == gnode.name and r.spec.kind is Kind.CALL]
-        cand_behind = [self._behind(w.spec) for w in group]
-        rest = [self._behind(w.spec) for w in behind[: self.config.behind_limit]]
-
-        def objective(t: int) -> float:
-            total, units = table.best(t)
-            plan = [(u, options[i][u]) for i, u in enumerate(units)]
-            return approx_acts(total, plan, running, cand_behind[t:] + rest, free, self.config.depth)
-
-        t, best = n, objective(n)
-        while t > 1 and table.feasible(t - 1):
-            obj = objective(t - 1)
-            if obj >= best:
-                break
-            best, t = obj, t - 1
-        return list(table.best(t)[1]) + [0] * (n - t)
-
-    def _gpu_options(self, spec: ActionSpec, free: int) -> dict[int, float]:
-        d = spec.key_demand
-        sizes = sorted({chunk_size(u) for u in d.options() if chunk_size(u) <= max(free, 1)}) or [chunk_size(d.min)]
-        base = chunk_size(d.min)
-        policy = self.config.policy
-        if not d.elastic or policy == MIN:
-            return {base: self._estimate(spec, base)}
-        if policy == FIXED and self.config.fixed_dop:
-            k = chunk_size(min(max(self.config.fixed_dop, d.min), d.max))
-            return {k: self._estimate(spec, k)} if k in sizes else {base: self._estimate(spec, base)}
-        if policy == MAX:
-            return {sizes[-1]: self._estimate(spec, sizes[-1])}
-        if self._t_ori(spec) is None or spec.elasticity is None:
-            return {base: self._estimate(spec, base)}
-        return {s: self._estimate(spec, s) for s in sizes}
-
-    def _start_call(self, w: Waiting, pl: object, out: list[cmd.Command]) -> None:
-        from tangram.core.managers.gpu import Placement
-
-        assert isinstance(pl, Placement)
-        spec = w.spec
-        node = self.gpu.nodes[pl.node]
-        svc = self.gpu.services[spec.service]
-        inst = (spec.service, pl.start, pl.size)
-        for victim in pl.evict:
-            node.drop_resident(victim)
-            out.append(cmd.Evict(pl.node, victim[0], victim[1], victim[1] + victim[2]))
-        self._seq += 1
-        load_s = 0.0
-        if not pl.resident:
-            node.add_resident(inst, svc.gpu_mem_mib, float(self._seq))
-            load_s = svc.load_s
-            out.append(cmd.Load(pl.node, spec.service, pl.start, pl.start + pl.size, load_s))
-        node.resident[inst] = float(self._seq)
-        node.in_use[inst] = node.in_use.get(inst, 0) + 1
-        node.busy |= node.chunk_mask(pl.start, pl.size)
-        est = load_s + self._estimate(spec, pl.size)
-        r = Running(spec, pl.node, pl.size, self.now, self.now + est, chunk=(pl.start, pl.size), load_s=load_s,
-                    deadline=w.deadline)
-        self.running[spec.action_id] = r
-        self.counters["started"] = self.counters.get("started", 0) + 1
-        self.counters["loads"] = self.counters.get("loads", 0) + (0 if pl.resident else 1)
-        out.append(cmd.Invoke(spec.action_id, pl.node, spec.service, pl.start, pl.start + pl.size, est))
 
     # -- endings -------------------------------------------------------------------------
     def _finish(self, aid: str, ok: bool, reason: str, out: list[cmd.Command], release: bool = True) -> None:
@@ -889,57 +507,6 @@ class Scheduler:
         )
         return Snapshot(self.now, tuple(nodes), services, apis, queue, len(rows), len(self.running),
                         tuple(sorted(self.counters.items())))
-
-
-class _Peek:
-    """An iterator over waiting actions with one item of look-ahead."""
-
-    def __init__(self, first: Waiting, rest: object) -> None:
-        self._next: Waiting | None = first
-        self._rest = rest
-
-    def pop(self) -> Waiting:
-        w = self._next
-        assert w is not None
-        self._next = next(self._rest, None)  # type: ignore[call-overload]
-        return w
-
-    def has_next(self) -> bool:
-        return self._next is not None
-
-    def peek_seq(self) -> int:
-        assert self._next is not None
-        return self._next.seq
-
-    def take(self, n: int) -> list[Waiting]:
-        out = []
-        while self._next is not None and len(out) < n:
-            out.append(self.pop())
-        return out
-
-
-class _FreeView:
-    """A node's free GPUs as maximal aligned free blocks, for the chunk DP operator."""
-
-    def __init__(self, node: GpuNode) -> None:
-        self.max_chunk = max(s for s in SIZES if s <= node.count)
-        self._sizes: dict[int, int] = {}
-        for start, end in root_chunks(node.count):
-            self._scan(node, start, end - start, node.count)
-
-    def _scan(self, node: GpuNode, start: int, size: int, count: int) -> None:
-        if start >= count:
-            return
-        if start + size <= count and node.is_free(start, size):
-            self._sizes[size] = self._sizes.get(size, 0) + 1
-            return
-        if size == 1:
-            return
-        self._scan(node, start, size // 2, count)
-        self._scan(node, start + size // 2, size // 2, count)
-
-    def free_sizes(self) -> dict[int, int]:
-        return dict(self._sizes)
 
 
 def _api_pool(name: str) -> str:
