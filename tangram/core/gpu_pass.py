@@ -108,7 +108,7 @@ def _sizes(sched: Scheduler, gnode: GpuNode, group: list[Waiting], behind: list[
     options = [_options(sched, w.spec, free) for w in group]
     if all(len(o) == 1 for o in options):
         return [next(iter(o)) for o in options]
-    table = DPTable(options, ChunkOperator(_FreeView(gnode)))
+    table = DPTable(options, _operator(sched, _FreeView(gnode)))
     n = len(group)
     if not table.feasible(n):
         return mins
@@ -175,6 +175,16 @@ def _start_call(sched: Scheduler, w: Waiting, pl: Placement, out: list[cmd.Comma
     sched.counters["started"] = sched.counters.get("started", 0) + 1
     sched.counters["loads"] = sched.counters.get("loads", 0) + (0 if pl.resident else 1)
     out.append(cmd.Invoke(spec.action_id, pl.node, spec.service, pl.start, pl.start + pl.size, est))
+
+
+def _operator(sched: Scheduler, view: _FreeView) -> ChunkOperator:
+    """The chunk DP operator for a free-chunk layout; built once per distinct layout (its
+    states' packability check is the costly part) and kept on the scheduler."""
+    key = (view.max_chunk, tuple(sorted(view.free_sizes().items())))
+    op = sched.chunk_operators.get(key)
+    if op is None:
+        op = sched.chunk_operators[key] = ChunkOperator(view)
+    return op
 
 
 class _FreeView:

@@ -34,6 +34,7 @@ from tangram.core import cpu_pass, gpu_pass
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, DurationHistory, Kind, duration
 from tangram.core.approx import Behind
+from tangram.core.gpu import ChunkOperator
 from tangram.core.managers.basic import BasicManager
 from tangram.core.managers.cpu import CpuManager
 from tangram.core.managers.gpu import SIZES, GpuManager, ServiceInfo, chunk_size
@@ -79,6 +80,7 @@ class Scheduler:
         self._deadlines: list[tuple[float, int, str]] = []
         self._dirty: set[str] = set()
         self.counters: dict[str, int] = {}
+        self.chunk_operators: dict[tuple[int, tuple[tuple[int, int], ...]], ChunkOperator] = {}  # by free layout
 
     # -- public contract -----------------------------------------------------------------
     def handle(self, event: ev.Event, now: float) -> list[cmd.Command]:
