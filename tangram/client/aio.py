@@ -18,14 +18,21 @@ Rules:
 2. Cancelling the task that awaits a request sends `Cancel`; the action is killed or dropped
    from the queue on the controller.
 3. Errors are `tangram.errors` classes mapped from wire codes, each with `.retryable`.
+   `RetryLater` (the controller's submission caps; the request was neither run nor recorded) is
+   retried here with jittered exponential backoff (50 ms doubling to 2 s) until the timeout
+   (or `retry_later_s` without one) for idempotent requests and for every request that starts
+   new work (exec, call, lease, sandbox open); otherwise it is raised.
 4. Leaving a `sandbox()` or `api()` context closes it, idempotently, even on errors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import random
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,12 +49,17 @@ from tangram.errors import (
     ControllerUnreachable,
     NonZeroExit,
     ProtocolError,
+    RetryLater,
 )
 
 __all__ = ["ApiLease", "AsyncClient", "AsyncSandbox", "CallResult", "ExecResult", "parse_mem"]
 
 T = TypeVar("T")
 GRACE_S = 5.0  # how much longer than the budget the client waits for the controller's answer
+RETRY_BASE_S = 0.05  # RetryLater backoff: the first delay, doubled per try up to RETRY_MAX_S, jittered
+RETRY_MAX_S = 2.0
+# Requests that start new work: a RetryLater refusal did not record their id, so sending again is safe.
+_NEW_WORK = (protocol.Exec, protocol.Call, protocol.Lease, protocol.SandboxOpen)
 
 _UNITS = {
     "": 1 << 20,
@@ -132,6 +144,7 @@ class AsyncClient:
         heartbeat_s: float = 1.0,
         connect_timeout: float = 10.0,
         certs: str | CurveKeys | None = None,
+        retry_later_s: float = 60.0,
     ) -> None:
         addr = addr or os.environ.get("TANGRAM_ADDR")
         if not addr:
@@ -139,6 +152,8 @@ class AsyncClient:
         self.addr = addr
         self.name = _clean_name(name or f"client-{os.getpid()}")
         self.default_timeout = default_timeout
+        self.retry_later_s = retry_later_s  # how long RetryLater is retried for a request without a timeout
+        self.retried_later = 0  # RetryLater refusals retried (all requests together)
         # CURVE keys: `certs`, else $TANGRAM_CERTS, else the recorded cluster of `addr`, else plain TCP.
         curve = client_keys(addr, certs)
         self._transport = Transport(
@@ -185,6 +200,35 @@ class AsyncClient:
     ) -> protocol.Envelope:
         if not self._connected:
             raise ControllerUnreachable("the client is not connected: use `async with AsyncClient(...)`")
+        retry = idempotent or isinstance(msg, _NEW_WORK)
+        start = time.monotonic()
+        window = timeout if timeout is not None else self.retry_later_s
+        tries = 0
+        while True:
+            left = None if timeout is None else max(0.001, timeout - (time.monotonic() - start))
+            try:
+                return await self._once(msg, blobs, left, idempotent, cancellable)
+            except RetryLater:
+                cap = min(RETRY_MAX_S, RETRY_BASE_S * (2**tries))
+                delay = cap / 2 + random.uniform(0, cap / 2)
+                tries += 1
+                if not retry or time.monotonic() - start + delay >= window:
+                    raise
+            self.retried_later += 1
+            await asyncio.sleep(delay)
+            budget = getattr(msg, "budget_ms", 0)
+            if timeout is not None and budget:  # the budget shrinks by the time spent refused
+                left_ms = max(1, int((timeout - (time.monotonic() - start)) * 1000))
+                msg = dataclasses.replace(msg, budget_ms=min(budget, left_ms))  # type: ignore[type-var]
+
+    async def _once(
+        self,
+        msg: protocol.Message,
+        blobs: list[bytes] | tuple[bytes, ...],
+        timeout: float | None,
+        idempotent: bool,
+        cancellable: bool,
+    ) -> protocol.Envelope:
         try:
             pending = self._transport.request(msg, blobs, idempotent=idempotent)
         except ProtocolError as exc:

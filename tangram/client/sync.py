@@ -64,6 +64,7 @@ class Client:
         heartbeat_s: float = 1.0,
         connect_timeout: float = 10.0,
         certs: str | None = None,
+        retry_later_s: float = 60.0,
     ) -> None:
         self._kwargs = {
             "name": name,
@@ -71,6 +72,7 @@ class Client:
             "heartbeat_s": heartbeat_s,
             "connect_timeout": connect_timeout,
             "certs": certs,
+            "retry_later_s": retry_later_s,
         }
         self._addr = addr
         self._lock = threading.Lock()

@@ -3,7 +3,8 @@
 The file is what `tangram up` writes after resolving an inventory; every key is optional:
 
     {"cluster": "local",
-     "scheduler": {"depth": 2, "client_grace_s": 60, "max_timeout_s": 3600},
+     "scheduler": {"depth": 2, "client_grace_s": 60, "max_timeout_s": 3600,
+                   "max_outstanding_per_client": 4096, "max_queued": 100000, "max_outbox": 1024},
      "services": [{"name": "reward", "runtime": "emulated", "model": "agent.gpu.demo_services:reward",
                    "gpu_mem_mib": 16384, "chunk_sizes": [1, 2], "load_s": 2.0, "t_ori": 0.2,
                    "host_mem_mib": 16384}],
@@ -65,6 +66,10 @@ class ControllerConfig:
     client_grace_s: float = 60.0
     max_timeout_s: float = 3600.0
     heartbeat_s: float = 1.0
+    # Backpressure (docs/protocol.md, "Backpressure"): beyond a cap a request gets RETRY_LATER at once.
+    max_outstanding_per_client: int = 4096  # pending requests + undelivered replies, per client
+    max_queued: int = 100_000  # unfinished actions (queued + running), all clients together
+    max_outbox: int = 1024  # final replies kept per client while its connection cannot take them
     services: tuple[ServiceConf, ...] = ()
     apis: tuple[ApiConf, ...] = ()
     profiles: dict[str, Elasticity] = field(default_factory=lambda: dict(BUILTIN_PROFILES))
@@ -157,6 +162,11 @@ def parse_config(raw: dict[str, Any]) -> ControllerConfig:
         client_grace_s=_num(sched.get("client_grace_s", 60.0), "scheduler.client_grace_s"),
         max_timeout_s=_num(sched.get("max_timeout_s", 3600.0), "scheduler.max_timeout_s", 1.0),
         heartbeat_s=_num(sched.get("heartbeat_s", 1.0), "scheduler.heartbeat_s", 0.01),
+        max_outstanding_per_client=_int(
+            sched.get("max_outstanding_per_client", 4096), "scheduler.max_outstanding_per_client", 1
+        ),
+        max_queued=_int(sched.get("max_queued", 100_000), "scheduler.max_queued", 1),
+        max_outbox=_int(sched.get("max_outbox", 1024), "scheduler.max_outbox", 1),
         services=tuple(services),
         apis=tuple(apis),
         profiles=profiles,

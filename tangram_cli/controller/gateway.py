@@ -16,6 +16,14 @@ Rules (docs/protocol.md, "Controller behaviour"):
    answers each one, so a client can tell a dead controller from a quiet one.
 5. A sandbox has no node before its first action. Puts before that are kept (at most 64 MiB
    per sandbox) and written right after `CreateSandbox`; gets before that read them back.
+6. Backpressure: a request that would start work (open, put, get, exec, call, lease) while its
+   client has `max_outstanding_per_client` requests pending or replies undelivered, or (for an
+   action) while `max_queued` actions are unfinished, gets `Error(RETRY_LATER, retryable)` at
+   once; it is not submitted and its id is not recorded. Cancel, close and release are never
+   refused. A final reply the ROUTER cannot send (HWM, EAGAIN, peer reconnecting) waits in the
+   client's bounded outbox and is retried on the client's next message or heartbeat; when the
+   outbox is full, the client's unfinished actions are cancelled (their errors, like every final
+   reply, stay in the reply cache for a resent request).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +55,7 @@ log = logging.getLogger("tangram.controller.gateway")
 CACHE_MAX = 65536
 CACHE_TTL_S = 300.0
 MAX_PENDING_PUT_BYTES = 64 << 20
+MAX_OUTBOX_BYTES = 256 << 20  # per client, next to the config's max_outbox (messages)
 KILL_CODES = {"timeout": "TIMEOUT"}
 
 
@@ -66,6 +75,7 @@ class CacheEntry:
     action_id: str = ""
     final: list[bytes] | None = None
     expires: float = 0.0
+    counted: bool = False  # counts toward the client's outstanding requests until its final reply
 
 
 class Gateway:
@@ -88,7 +98,22 @@ class Gateway:
         self.cache: OrderedDict[tuple[bytes, int], CacheEntry] = OrderedDict()
         self._seq = 0
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.counters: dict[str, int] = {"bad_requests": 0, "replayed": 0, "joined": 0, "clients_gone": 0}
+        self.outstanding: dict[bytes, int] = {}  # per client identity: requests without a final reply
+        self.outbox: dict[bytes, deque[tuple[list[bytes], int]]] = {}  # finals the ROUTER could not send
+        self.outbox_bytes: dict[bytes, int] = {}
+        self._overflowed: set[bytes] = set()  # clients whose work was cancelled for a full outbox
+        self.counters: dict[str, int] = {
+            "bad_requests": 0,
+            "replayed": 0,
+            "joined": 0,
+            "clients_gone": 0,
+            "retry_later_client": 0,  # refused: the client's outstanding cap
+            "retry_later_global": 0,  # refused: the global cap on unfinished actions
+            "outbox_queued": 0,  # final replies that waited in an outbox
+            "outbox_overflows": 0,  # final replies that found the outbox full (kept in the cache only)
+            "outbox_cancelled": 0,  # actions cancelled because their client's outbox was full
+            "send_dropped": 0,  # non-final replies (Accepted, Heartbeat, RetryLater) that could not be sent
+        }
 
     # ------------------------------------------------------------ helpers
     def _new_id(self, prefix: str) -> str:
@@ -108,7 +133,8 @@ class Gateway:
         except ProtocolError as exc:  # e.g. a result too large for one message
             log.error("reply to request %d does not encode: %s", rid, exc)
             frames = encode_to(ident, protocol.Error("INTERNAL", f"reply does not encode: {exc}", False), rid)
-        send_now(self.sock, frames)
+        if not send_now(self.sock, frames):
+            self.counters["send_dropped"] += 1
 
     def final(
         self, ident: bytes, rid: int, msg: protocol.Message, blobs: tuple[bytes, ...] | list[bytes] = ()
@@ -124,9 +150,87 @@ class Gateway:
         if entry is None:
             entry = CacheEntry("")
             self._cache_put(key, entry)
+        elif entry.counted and entry.final is None:
+            self._uncount(ident)
         entry.final = frames
         entry.expires = time.monotonic() + CACHE_TTL_S
-        send_now(self.sock, [ident, *frames])
+        self._deliver(ident, [ident, *frames])
+
+    # ------------------------------------------------------------ backpressure
+    def _uncount(self, ident: bytes) -> None:
+        n = self.outstanding.get(ident, 0) - 1
+        if n > 0:
+            self.outstanding[ident] = n
+        else:
+            self.outstanding.pop(ident, None)
+
+    def _deliver(self, ident: bytes, frames: list[bytes]) -> None:
+        """Send a final reply now, or keep it in the client's bounded outbox (order kept)."""
+        if ident in self.outbox:
+            self._flush(ident)
+        if ident not in self.outbox and send_now(self.sock, frames):
+            return
+        if ident not in self.clients:  # gone: the reply stays in the cache for a resend
+            self.counters["send_dropped"] += 1
+            return
+        size = sum(len(f) for f in frames)
+        box = self.outbox.setdefault(ident, deque())
+        used = self.outbox_bytes.get(ident, 0)
+        if len(box) >= self.config.max_outbox or used + size > MAX_OUTBOX_BYTES:
+            self.counters["outbox_overflows"] += 1
+            self._overflow(ident, len(box))
+            return
+        box.append((frames, size))
+        self.outbox_bytes[ident] = used + size
+        self.counters["outbox_queued"] += 1
+
+    def _flush(self, ident: bytes) -> None:
+        box = self.outbox.get(ident)
+        while box:
+            frames, size = box[0]
+            if not send_now(self.sock, frames):
+                return
+            box.popleft()
+            self.outbox_bytes[ident] -= size
+        self.outbox.pop(ident, None)
+        self.outbox_bytes.pop(ident, None)
+        self._overflowed.discard(ident)
+
+    def _overflow(self, ident: bytes, waiting: int) -> None:
+        """The client is not reading: cancel its unfinished actions (once until its outbox drains)."""
+        if ident in self._overflowed:
+            return
+        self._overflowed.add(ident)
+        victims = [a for a, rec in self.registry.actions.items() if rec.ident == ident and not rec.final_sent]
+        log.warning(
+            "client %s is not reading: outbox full (%d replies waiting); cancelling %d unfinished actions",
+            ident.hex()[:12],
+            waiting,
+            len(victims),
+        )
+        self.counters["outbox_cancelled"] += len(victims)
+        for aid in victims:
+            self.post(ev.ActionCancelled(aid, f"client not reading: outbox full ({waiting} replies waiting)"))
+
+    def _refuse(self, client: ClientState, rid: int, msg: protocol.Message) -> bool:
+        """RETRY_LATER at once when a cap is reached; the request is neither submitted nor recorded."""
+        ident = client.ident
+        n = self.outstanding.get(ident, 0) + len(self.outbox.get(ident, ()))
+        cap = self.config.max_outstanding_per_client
+        text = ""
+        if n >= cap:
+            self.counters["retry_later_client"] += 1
+            text = f"client at its cap of {cap} outstanding requests ({n} pending or undelivered)"
+        elif _is_action(msg) and len(self.registry.actions) >= self.config.max_queued:
+            self.counters["retry_later_global"] += 1
+            text = (
+                f"controller at its cap of {self.config.max_queued} queued actions "
+                f"({len(self.registry.actions)} queued or running)"
+            )
+        if not text:
+            return False
+        self._send(ident, protocol.Error("RETRY_LATER", f"{text}; back off and resubmit", True), rid)
+        return True
 
     def fail(self, ident: bytes, rid: int, exc: BaseException) -> None:
         self.final(ident, rid, protocol.Error.from_exception(exc))
@@ -136,7 +240,9 @@ class Gateway:
         self.cache.move_to_end(key)
         now = time.monotonic()
         while len(self.cache) > CACHE_MAX:
-            self.cache.popitem(last=False)
+            (old_ident, _), old = self.cache.popitem(last=False)
+            if old.counted and old.final is None:
+                self._uncount(old_ident)
         # expire a few old finals per insert (amortised)
         for _ in range(4):
             if not self.cache:
@@ -167,6 +273,8 @@ class Gateway:
         if client is None:
             client = self.clients[ident] = ClientState(ident, ident.hex())
         client.last_seen = time.monotonic()
+        if ident in self.outbox:  # any message, heartbeats included, retries what waits for it
+            self._flush(ident)
         try:
             env = protocol.decode(frames[1:])
         except ProtocolError as exc:
@@ -207,7 +315,7 @@ class Gateway:
             self.cache.move_to_end(key)
             if entry.final is not None:
                 self.counters["replayed"] += 1
-                send_now(self.sock, [ident, *entry.final])
+                self._deliver(ident, [ident, *entry.final])
             else:
                 self.counters["joined"] += 1
                 if entry.kind in ("exec", "call"):
@@ -224,6 +332,8 @@ class Gateway:
                 protocol.Error("BAD_REQUEST", f"{msg.NAME} is not a request on the submit socket", False),
                 rid,
             )
+            return
+        if type(msg) in _CAPPED and self._refuse(client, rid, msg):
             return
         try:
             handler(self, client, rid, msg, env.blobs)
@@ -248,7 +358,12 @@ class Gateway:
         return rec
 
     def _register(self, client: ClientState, rid: int, kind: str, action_id: str = "") -> None:
-        self._cache_put((client.ident, rid), CacheEntry(kind, action_id))
+        key = (client.ident, rid)
+        old = self.cache.get(key)
+        if old is not None and old.counted and old.final is None:
+            self._uncount(client.ident)
+        self._cache_put(key, CacheEntry(kind, action_id, counted=True))
+        self.outstanding[client.ident] = self.outstanding.get(client.ident, 0) + 1
 
     def _on_open(
         self, client: ClientState, rid: int, msg: protocol.SandboxOpen, blobs: tuple[bytes, ...]
@@ -619,6 +734,8 @@ class Gateway:
             for ident, client in list(self.clients.items()):
                 if now - client.last_seen > grace:
                     self._client_gone(client, f"silent for {now - client.last_seen:.1f}s")
+            for ident in list(self.outbox):
+                self._flush(ident)
             # expire old cache finals
             while self.cache:
                 _, e = next(iter(self.cache.items()))
@@ -634,6 +751,9 @@ class Gateway:
         """Release everything the client holds (ClientGone); its cached replies stay until they expire."""
         self.clients.pop(client.ident, None)
         self.counters["clients_gone"] += 1
+        self.outbox.pop(client.ident, None)  # its final replies stay in the cache until they expire
+        self.outbox_bytes.pop(client.ident, None)
+        self._overflowed.discard(client.ident)
         owned = [
             rec for rec in self.registry.sandboxes.values() if rec.client == client.key and not rec.closed
         ]
@@ -661,6 +781,8 @@ class Gateway:
                 "silent_s": round(now - c.last_seen, 3),
                 "connected_s": round(now - c.connected, 3),
                 "requests": c.requests,
+                "outstanding": self.outstanding.get(c.ident, 0),
+                "outbox": len(self.outbox.get(c.ident, ())),
                 "sandboxes": sum(
                     1 for s in self.registry.sandboxes.values() if s.client == c.key and not s.closed
                 ),
@@ -680,5 +802,19 @@ _HANDLERS: dict[type, Callable[..., None]] = {
     protocol.Release: Gateway._on_release,
     protocol.Cancel: Gateway._on_cancel,
 }
+
+# Requests that start work and so count against the caps; Cancel, SandboxClose and Release free
+# work and are never refused.
+_CAPPED = frozenset(
+    {protocol.SandboxOpen, protocol.Put, protocol.Get, protocol.Exec, protocol.Call, protocol.Lease}
+)
+
+
+def _is_action(msg: protocol.Message) -> bool:
+    """Whether the request becomes a core action (the global cap's unit)."""
+    if isinstance(msg, protocol.SandboxOpen):
+        return msg.reserve > 0
+    return isinstance(msg, (protocol.Exec, protocol.Call, protocol.Lease))
+
 
 __all__ = ["Gateway"]

@@ -21,7 +21,7 @@
   call | lease | open), `client`, `state` ("PD"), `waited_s`, `demand`, `reason`.
 - `actions`: running actions (at most `limit`): `action`, `kind`, `client`, `sandbox`,
   `state` ("R", or "CG" once a kill was sent), `node`, `run_s`, `grant` (cores or GPUs).
-- `clients`: `client`, `name`, `silent_s`, `connected_s`, `requests`, `sandboxes`.
+- `clients`: `client`, `name`, `silent_s`, `connected_s`, `requests`, `outstanding` (requests without a final reply), `outbox` (final replies waiting to be sent), `sandboxes`.
 """
 
 from __future__ import annotations
