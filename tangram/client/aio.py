@@ -323,9 +323,6 @@ class AsyncClient:
         """Start `fn(*args, **kwargs)` (e.g. `env.exec`, `client.call`) as a task, for fan-out."""
         return asyncio.ensure_future(fn(*args, **kwargs))
 
-    async def status(self) -> None:  # pragma: no cover - status lives on its own socket
-        raise NotImplementedError("use `tangram status`")
-
 
 class _SandboxContext:
     def __init__(
