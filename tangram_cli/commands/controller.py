@@ -60,6 +60,18 @@ import click
 )
 @click.option("--cluster", default=None, help="Cluster name (default: from --config, else 'local').")
 @click.option(
+    "--max-outstanding-per-client",
+    type=click.IntRange(1, 10_000_000),
+    default=None,
+    help="Requests a client may have pending (plus undelivered replies) before RETRY_LATER (default 4096).",
+)
+@click.option(
+    "--max-queued",
+    type=click.IntRange(1, 100_000_000),
+    default=None,
+    help="Unfinished actions over all clients before RETRY_LATER (default 100000).",
+)
+@click.option(
     "--certs",
     type=click.Path(file_okay=False, exists=True),
     default=None,
@@ -77,6 +89,8 @@ def command(
     client_grace: float | None,
     heartbeat: float | None,
     cluster: str | None,
+    max_outstanding_per_client: int | None,
+    max_queued: int | None,
     certs: str | None,
 ) -> None:
     """Run the controller in the foreground.
@@ -104,6 +118,10 @@ def command(
         changes["heartbeat_s"] = heartbeat
     if cluster is not None:
         changes["cluster"] = cluster
+    if max_outstanding_per_client is not None:
+        changes["max_outstanding_per_client"] = max_outstanding_per_client
+    if max_queued is not None:
+        changes["max_queued"] = max_queued
     if changes:
         config = dataclasses.replace(config, **changes)
     options = Options(
