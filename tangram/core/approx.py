@@ -19,15 +19,13 @@ class Behind:
     options: tuple[tuple[int, float], ...]
 
 
-def _start_when(heap: list[tuple[float, int]], free: int, need: int, clock: float) -> tuple[float, int, int]:
-    """Pop completions until ``need`` units are free; returns (start, free, pops)."""
-    pops = 0
+def _start_when(heap: list[tuple[float, int]], free: int, need: int, clock: float) -> tuple[float, int]:
+    """Pop completions until ``need`` units are free; returns (start, free)."""
     while free < need and heap:
         t, u = heapq.heappop(heap)
-        pops += 1
         clock = max(clock, t)
         free += u
-    return clock, free, pops
+    return clock, free
 
 
 def approx_acts(
@@ -50,20 +48,25 @@ def approx_acts(
     total_units = capacity_free + sum(u for _, u in running)
     obj, clock = cand_total, 0.0
     for i, b in enumerate(behind):
-        options = b.options if i < depth else b.options[:1]
-        best: tuple[float, int] | None = None
-        for units, dur in options:
-            if units > total_units:
-                continue
-            trial = list(heap)
-            start, _, _ = _start_when(trial, free, units, clock)
-            if best is None or start + dur < best[0]:
-                best = (start + dur, units)
-        if best is None:
+        options = [o for o in (b.options if i < depth else b.options[:1]) if o[0] <= total_units]
+        if not options:
             continue
-        finish, units = best
-        clock, free, _ = _start_when(heap, free, units, clock)
+        units, dur = options[0] if len(options) == 1 else _best_option(heap, free, clock, options)
+        clock, free = _start_when(heap, free, units, clock)
         free -= units
-        heapq.heappush(heap, (finish, units))
-        obj += finish
+        heapq.heappush(heap, (clock + dur, units))
+        obj += clock + dur
     return obj
+
+
+def _best_option(
+    heap: list[tuple[float, int]], free: int, clock: float, options: Sequence[tuple[int, float]]
+) -> tuple[int, float]:
+    """The (units, duration) option that finishes first, each tried on a copy of the heap."""
+    best: tuple[float, int, float] | None = None
+    for units, dur in options:
+        start, _ = _start_when(list(heap), free, units, clock)
+        if best is None or start + dur < best[0]:
+            best = (start + dur, units, dur)
+    assert best is not None
+    return best[1], best[2]
