@@ -8,8 +8,10 @@ few feasible allocations and keep the one that finishes first. Times are relativ
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from tangram.core.dp import PrefixTable
 
 
 @dataclass(frozen=True)
@@ -70,3 +72,33 @@ def _best_option(
             best = (start + dur, units, dur)
     assert best is not None
     return best[1], best[2]
+
+
+def greedy_eviction(
+    table: PrefixTable,
+    options: Sequence[Mapping[int, float]],
+    running: Sequence[tuple[float, int]],
+    cand_behind: Sequence[Behind],
+    behind: Sequence[Behind],
+    capacity_free: int,
+    depth: int = 2,
+) -> list[int]:
+    """Algorithm 1's greedy eviction: drop candidates from the tail of the FCFS prefix while
+    ApproxACTs (candidates started with DPArrange's units + the queue behind them) improves.
+    Returns units per candidate, 0 for those held back (they stay at the head of the queue).
+    ``table`` is the prefix table over ``options``; ``cand_behind[i]`` is candidate i as a
+    waiting action, used once it is held back."""
+    n = len(options)
+
+    def objective(t: int) -> float:
+        total, units = table.best(t)
+        plan = [(u, options[i][u]) for i, u in enumerate(units)]
+        return approx_acts(total, plan, running, [*cand_behind[t:], *behind], capacity_free, depth)
+
+    t, best = n, objective(n)
+    while t > 1 and table.feasible(t - 1):
+        obj = objective(t - 1)
+        if obj >= best:
+            break
+        best, t = obj, t - 1
+    return list(table.best(t)[1]) + [0] * (n - t)

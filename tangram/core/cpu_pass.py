@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from tangram.core import commands as cmd
 from tangram.core.actions import ActionSpec, Kind, duration
-from tangram.core.approx import approx_acts
+from tangram.core.approx import greedy_eviction
 from tangram.core.dp import arrange_table
 from tangram.core.resources import CPU
 from tangram.core.state import FIXED, MAX, MIN, TANGRAM, Running, Sandbox, Waiting
@@ -184,20 +184,7 @@ def _allocate(sched: Scheduler, group: list[Waiting], waiting: list[Waiting], fr
     running = _running_on(sched, node)  # only now: it scans the running actions
     behind = [sched._behind(w.spec) for w in waiting[: sched.config.behind_limit]]
     cand_behind = [sched._behind(w.spec) for w in group]
-
-    def objective(t: int) -> float:
-        total, units = table.best(t)
-        plan = [(u, options[i][u]) for i, u in enumerate(units)]
-        return approx_acts(total, plan, running, cand_behind[t:] + behind, free_units, sched.config.depth)
-
-    t, best = n, objective(n)
-    while t > 1:
-        obj = objective(t - 1)
-        if obj >= best:
-            break
-        best, t = obj, t - 1
-    units = list(table.best(t)[1])
-    return units + [0] * (n - t)
+    return greedy_eviction(table, options, running, cand_behind, behind, free_units, sched.config.depth)
 
 
 def _greedy_max(group: list[Waiting], spare: int) -> list[int]:

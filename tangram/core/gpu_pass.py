@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from tangram.core import commands as cmd
 from tangram.core.actions import ActionSpec, Kind
-from tangram.core.approx import approx_acts
+from tangram.core.approx import greedy_eviction
 from tangram.core.dp import DPTable
 from tangram.core.gpu import ChunkOperator, root_chunks
 from tangram.core.managers.gpu import SIZES, GpuNode, Placement, chunk_size
@@ -118,19 +118,7 @@ def _sizes(sched: Scheduler, gnode: GpuNode, group: list[Waiting], behind: list[
                if r.node == gnode.name and r.spec.kind is Kind.CALL]
     cand_behind = [sched._behind(w.spec) for w in group]
     rest = [sched._behind(w.spec) for w in behind[: sched.config.behind_limit]]
-
-    def objective(t: int) -> float:
-        total, units = table.best(t)
-        plan = [(u, options[i][u]) for i, u in enumerate(units)]
-        return approx_acts(total, plan, running, cand_behind[t:] + rest, free, sched.config.depth)
-
-    t, best = n, objective(n)
-    while t > 1 and table.feasible(t - 1):
-        obj = objective(t - 1)
-        if obj >= best:
-            break
-        best, t = obj, t - 1
-    return list(table.best(t)[1]) + [0] * (n - t)
+    return greedy_eviction(table, options, running, cand_behind, rest, free, sched.config.depth)
 
 
 def _options(sched: Scheduler, spec: ActionSpec, free: int) -> dict[int, float]:
