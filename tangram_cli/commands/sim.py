@@ -45,6 +45,22 @@ RATIO_KEYS = {
 }
 
 
+# the columns of an experiment's table, in order
+_EXPERIMENT_COLUMNS = (
+    "workload",
+    "batch",
+    "policy",
+    "gpus",
+    "mean_act_s",
+    "p99_act_s",
+    "env_act_s",
+    "reward_act_s",
+    "step_time_s",
+    "failed",
+    "decide_mean_us",
+)
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}"
@@ -280,38 +296,11 @@ def _experiment(name: str, seed: int, spec: Any, batch: int | None, as_json: boo
     console = Console()
     rows = doc["rows"]
     t = Table(title=f"{name} (simulated, seed {seed})")
-    for col in (
-        "workload",
-        "batch",
-        "policy",
-        "gpus",
-        "mean_act_s",
-        "p99_act_s",
-        "env_act_s",
-        "reward_act_s",
-        "step_time_s",
-        "failed",
-        "decide_mean_us",
-    ):
+    for col in _EXPERIMENT_COLUMNS:
         t.add_column(col, justify="right" if col not in ("workload", "policy") else "left")
     for r in rows + doc.get("gpu_sweep", []):
         t.add_row(
-            *[
-                _fmt(r.get(c, ""))
-                for c in (
-                    "workload",
-                    "batch",
-                    "policy",
-                    "gpus",
-                    "mean_act_s",
-                    "p99_act_s",
-                    "env_act_s",
-                    "reward_act_s",
-                    "step_time_s",
-                    "failed",
-                    "decide_mean_us",
-                )
-            ]
+            *[_fmt(r.get(c, "")) for c in _EXPERIMENT_COLUMNS]
         )
     console.print(t)
     console.print_json(json.dumps({"paper": doc["paper"], "ours": doc["ours"]}))
