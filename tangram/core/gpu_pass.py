@@ -4,7 +4,9 @@ Plain functions over the ``Scheduler``'s state (``sched``); ``run`` is the pass,
 ``Scheduler._schedule``. It takes the FCFS prefix whose minimum chunks fit, may wait for a
 busy chunk that already holds the service (``_wait_for_resident``), sizes each node's
 candidates with ``DPTable`` and ``ChunkOperator`` plus greedy eviction (``_sizes``), and
-starts calls with ``Evict``/``Load``/``Invoke`` (``_start_call``).
+starts calls with ``Evict``/``Load``/``Invoke`` (``_start_call``). Under the tangram policy the
+restore-or-wait choice weighs what a restore costs the calls behind (``_wait_for_resident``), and
+a restore prefers a chunk whose eviction no call in the window wants (``GpuManager.choose``).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from tangram.core.actions import ActionSpec, Kind
 from tangram.core.approx import greedy_eviction
 from tangram.core.dp import DPTable
 from tangram.core.gpu import ChunkOperator, root_chunks
-from tangram.core.managers.gpu import SIZES, GpuNode, Placement, chunk_size
+from tangram.core.managers.gpu import SIZES, GpuNode, Instance, Placement, chunk_size
 from tangram.core.resources import GPU
 from tangram.core.state import FIXED, MAX, MIN, TANGRAM, Running, Waiting
 from tangram.core.status import Shortfall, wait
@@ -31,17 +33,25 @@ def run(sched: Scheduler, out: list[cmd.Command]) -> None:
     sizes from DPArrange with the chunk-wise operator (Algorithm 4)."""
     busy = {n: node.busy for n, node in sched.gpu.nodes.items()}
     groups: dict[str, list[Waiting]] = {}
+    wants: dict[str, frozenset[tuple[str, int]]] = {}  # per grouped call: what the calls behind it want
     blocked = False
     behind: list[Waiting] = []
-    soon: dict[tuple[str, int], list[float]] = {}
-    for w in sched.queues[GPU].values():
+    soon: Soon = {}
+    queue = list(sched.queues[GPU].values())
+    aware = sched.config.policy == TANGRAM and sched.config.cache_aware
+    window = _Window(queue, sched.config.behind_limit) if aware else None
+    for i, w in enumerate(queue):
         if blocked:
             if len(behind) >= sched.config.behind_limit:
                 break
             behind.append(w)
             continue
         size = chunk_size(w.spec.key_demand.min)
-        pl = sched.gpu.choose(w.spec.service, size, busy, set())
+        wanted: dict[tuple[str, int], int] = {}
+        if window is not None:
+            window.advance(i)
+            wanted = window.count
+        pl = sched.gpu.choose(w.spec.service, size, busy, set(), wanted=wanted)
         if pl is None:
             blocked = True
             free = sum(n.count - busy[name].bit_count() for name, n in sched.gpu.nodes.items())
@@ -49,51 +59,142 @@ def run(sched: Scheduler, out: list[cmd.Command]) -> None:
             w.status = wait(Shortfall(GPU, size, free, total, "a free aligned chunk"))
             behind.append(w)
             continue
-        if not pl.resident and _wait_for_resident(sched, w, size, soon):
+        if not pl.resident and window is not None and _wait_for_resident(
+            sched, w, size, pl, window, soon, busy
+        ):
             continue
         busy[pl.node] |= sched.gpu.nodes[pl.node].chunk_mask(pl.start, pl.size)
         groups.setdefault(pl.node, []).append(w)
+        if wanted:
+            wants[w.spec.action_id] = frozenset(wanted)
     for node in sorted(groups):
-        _start_group(sched, node, groups[node], behind, out)
+        _start_group(sched, node, groups[node], behind, wants, out)
 
 
-def _wait_for_resident(sched: Scheduler, w: Waiting, size: int,
-                       soon: dict[tuple[str, int], list[float]]) -> bool:
-    """Cache awareness beyond the paper's tie-break: rather than restore a service onto a
-    free chunk, wait for a busy chunk that already holds it when that chunk frees up
-    sooner than a restore would take. ``soon`` tracks, per (service, size), when each busy
-    resident copy frees, counting the calls already queued for it in this pass."""
-    if sched.config.policy != TANGRAM or not sched.config.cache_aware:
-        return False
-    spec = w.spec
-    key = (spec.service, size)
+class _Window:
+    """The calls right behind queue position ``i`` (at most ``size``, ApproxACTs' ``rest``):
+    how many of them want each (service, minimum chunk) instance (``count``) and in all
+    (``total``). A sliding multiset: positions only grow within a pass, and keys are read
+    only as the window reaches them."""
+
+    def __init__(self, queue: list[Waiting], size: int) -> None:
+        self._queue = queue
+        self._size = size
+        self._at = -1
+        self._end = 1  # the window is queue[_at + 1: _end]
+        self.count: dict[tuple[str, int], int] = {}
+        self.total = 0
+
+    def advance(self, i: int) -> None:
+        while self._at < i:
+            self._at += 1
+            if self._at >= 1:
+                self._drop(_key(self._queue[self._at]))
+        end = min(len(self._queue), i + 1 + self._size)
+        while self._end < end:
+            k = _key(self._queue[self._end])
+            self.count[k] = self.count.get(k, 0) + 1
+            self.total += 1
+            self._end += 1
+
+    def _drop(self, k: tuple[str, int]) -> None:
+        left = self.count[k] - 1
+        if left > 0:
+            self.count[k] = left
+        else:
+            del self.count[k]
+        self.total -= 1
+
+
+def _key(w: Waiting) -> tuple[str, int]:
+    return (w.spec.service, chunk_size(w.spec.key_demand.min))
+
+
+Soon = dict[tuple[str, int], list[float]]
+
+
+def _frees(sched: Scheduler, soon: Soon, service: str, size: int) -> list[float]:
+    """When each busy resident copy of (service, size) frees, counting the calls already
+    waiting for it in this pass (a heap, kept in ``soon``)."""
+    key = (service, size)
     if key not in soon:
         soon[key] = sorted(
             r.est_end for r in sched.running.values()
-            if r.spec.kind is Kind.CALL and r.spec.service == spec.service and r.chunk[1] == size
+            if r.spec.kind is Kind.CALL and r.spec.service == service and r.chunk[1] == size
         )
-    frees = soon[key]
-    load_s = sched.gpu.services[spec.service].load_s
-    if not frees or frees[0] - sched.now >= load_s:
+    return soon[key]
+
+
+def _wait_for_resident(sched: Scheduler, w: Waiting, size: int, pl: Placement, window: _Window,
+                       soon: Soon, busy: dict[str, int]) -> bool:
+    """Cache awareness beyond the paper's tie-break: rather than restore a service onto the
+    free chunk ``pl``, wait for a busy chunk that already holds it when that chunk frees
+    (after the calls already waiting for it) sooner than the restore costs in summed
+    completion time. The restore costs
+
+    * its own time ``load_s`` (this call starts that much later than on a resident chunk);
+    * the ``load_s`` GPU-seconds it takes from the calls behind: of the ``n`` calls in the
+      window (ApproxACTs' ``rest``) that find no free GPU now, about ``n / G`` would run on
+      this chunk of a pool of ``G`` GPUs, each ``load_s`` later (nothing while GPUs are
+      free, much when the pool is overloaded, which is when restores waste the capacity
+      everyone waits for);
+    * for each evicted instance that a call in the window wants (and no other free chunk
+      holds), that call's extra wait: for its service's next busy copy, else for this call
+      and a restore of its own (a pairwise exchange of the two calls).
+
+    With an idle pool and no wanted victim this is the plain "sooner than a restore" rule.
+    Only a call with a busy resident copy waits, so the wait is bounded by that copy's turn."""
+    spec = w.spec
+    frees = _frees(sched, soon, spec.service, size)
+    if not frees:
         return False
-    heapq.heapreplace(frees, frees[0] + sched._estimate(spec, size))
+    load_s = sched.gpu.services[spec.service].load_s
+    mine = sched._estimate(spec, size)
+    gpus = free = 0
+    for name, gn in sched.gpu.nodes.items():
+        gpus += gn.count
+        free += gn.count - busy[name].bit_count()
+    queued = max(0, window.total - (free - pl.size))  # the calls behind that find no free GPU
+    cost = load_s * (1.0 + queued / gpus)
+    for victim in pl.evict:
+        service, _, vsize = victim
+        if (service, vsize) not in window.count or _free_copy(sched, victim, pl.node, busy):
+            continue
+        later = load_s + mine + sched.gpu.services[service].load_s  # after this call, restored again
+        vf = _frees(sched, soon, service, vsize)
+        cost += min(vf[0] - sched.now, later) if vf else later
+    if frees[0] - sched.now >= cost:
+        return False
+    heapq.heapreplace(frees, frees[0] + mine)
     w.status = wait(
-        message=f"waiting for a busy GPU that holds {spec.service}: sooner than a {load_s:g} s restore"
+        message=f"waiting for a busy GPU that holds {spec.service}: sooner than a {load_s:g} s restore costs"
     )
     return True
 
 
+def _free_copy(sched: Scheduler, victim: Instance, node: str, busy: dict[str, int]) -> bool:
+    """Whether a chunk other than the victim's, free in this pass, holds its (service, size)."""
+    service, start, size = victim
+    for name, gn in sched.gpu.nodes.items():
+        for v, s, z in gn.resident:
+            if v == service and z == size and (name, s) != (node, start) and gn.is_free(s, z, busy[name]):
+                return True
+    return False
+
+
 def _start_group(sched: Scheduler, node: str, group: list[Waiting], behind: list[Waiting],
-                 out: list[cmd.Command]) -> None:
+                 wants: dict[str, frozenset[tuple[str, int]]], out: list[cmd.Command]) -> None:
     gnode = sched.gpu.nodes[node]
     sizes = _sizes(sched, gnode, group, behind)
     for w, size in zip(group, sizes):
         if size == 0:
             w.status = wait(message="held back: starting it now would raise the summed completion time")
             continue
-        pl = sched.gpu.choose(w.spec.service, size, {}, set(), only=node)
+        wanted = wants.get(w.spec.action_id, frozenset())
+        pl = sched.gpu.choose(w.spec.service, size, {}, set(), only=node, wanted=wanted)
         if pl is None and size != chunk_size(w.spec.key_demand.min):
-            pl = sched.gpu.choose(w.spec.service, chunk_size(w.spec.key_demand.min), {}, set(), only=node)
+            pl = sched.gpu.choose(w.spec.service, chunk_size(w.spec.key_demand.min), {}, set(), only=node,
+                                  wanted=wanted)
         if pl is None:
             w.status = wait(message=f"no aligned chunk free on {node} after fragmentation")
             continue

@@ -9,11 +9,13 @@ Contract:
    service of its own. An instance is resident until evicted; per-GPU resident memory never
    exceeds the GPU's capacity; eviction takes least-recently-used instances first and never
    one in use.
-4. Among equal chunks, one that already holds the service wins; then the smallest
-   enclosing free block; then the fewest evictions; then the lowest start.
+4. Among equal chunks, one that already holds the service wins; then (when the caller names
+   the instances waiting calls want) the one whose restore evicts the fewest of those; then
+   the smallest enclosing free block; then the fewest evictions; then the lowest start.
 """
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 SIZES = (1, 2, 4, 8)
@@ -155,12 +157,15 @@ class GpuManager:
         return f"no node has {size} GPUs with {svc.gpu_mem_mib} MiB each"
 
     def choose(
-        self, service: str, size: int, busy: dict[str, int], blocked: set[str], only: str | None = None
+        self, service: str, size: int, busy: dict[str, int], blocked: set[str], only: str | None = None,
+        wanted: Container[tuple[str, int]] = (),
     ) -> Placement | None:
         """The best chunk of ``size`` GPUs for ``service`` over all nodes, given the tentative
-        ``busy`` masks of this pass; None if no node has one free now."""
+        ``busy`` masks of this pass; None if no node has one free now. ``wanted``: the
+        (service, size) instances that waiting calls could run on; a chunk whose restore would
+        evict fewer of them wins over the other non-resident chunks (rule 4, before the block)."""
         svc = self.services[service]
-        best: tuple[tuple[int, int, int, str, int], Placement] | None = None
+        best: tuple[tuple[int, int, int, int, str, int], Placement] | None = None
         for name in sorted(self.nodes):
             node = self.nodes[name]
             if (only is not None and name != only) or name in blocked or size > node.count or svc.gpu_mem_mib > node.mem_mib:
@@ -174,7 +179,8 @@ class GpuManager:
                 if evict is None:
                     continue
                 block = node.enclosing_free_block(start, size, b)
-                key = (0 if resident and self.cache_aware else 1, block, len(evict), name, start)
+                hits = sum(1 for v in evict if (v[0], v[2]) in wanted) if wanted else 0
+                key = (0 if resident and self.cache_aware else 1, hits, block, len(evict), name, start)
                 if best is None or key < best[0]:
                     best = (key, Placement(name, start, size, evict, resident))
         return None if best is None else best[1]
