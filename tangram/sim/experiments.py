@@ -127,8 +127,14 @@ def fig8_gpu(
     spec: ClusterSpec | None,
     note: Progress,
     batches: tuple[int, ...] = (256, 512, 1024, 2048),
-    gpus: tuple[int, ...] = (4, 8, 12, 16, 24, 32, 40),
+    gpus: tuple[int, ...] = tuple(range(4, 41, 2)),
 ) -> dict[str, Any]:
+    """Tangram vs static and serverless per batch, then Tangram at the largest batch on a
+    sweep of GPU counts (every 2 GPUs from 4 to 40) for the fewest GPUs that match static's
+    mean ACT. ``gpus_for_equal_act``: the smallest swept count from which every larger one
+    matches (robust to a lucky dip); ``gpus_for_equal_act_interp``: linear interpolation of
+    the mean ACT between it and the swept count below. Shares are given of the whole pool
+    and of static's GPUs (the paper's 29% is of the baseline's GPUs)."""
     base = spec or ClusterSpec()
     rows, ours = [], {}
     for b in batches:
@@ -142,15 +148,26 @@ def fig8_gpu(
             "vs_serverless_x": _ratio(res["serverless"]["mean_act_s"], res["tangram"]["mean_act_s"]),
         }
     top = batches[-1]
-    target = next(r for r in rows if r["batch"] == top and r["policy"] == "static")["mean_act_s"]
-    sweep, equal = [], None
-    for g in gpus:
+    static_row = next(r for r in rows if r["batch"] == top and r["policy"] == "static")
+    target = static_row["mean_act_s"]
+    static_gpus = round(static_row["gpu_held_s"] / static_row["rollout_s"]) if static_row["rollout_s"] else 0
+    sweep = []
+    for g in sorted(gpus):
         note(f"fig8-gpu mopd batch {top} tangram on {g} GPUs")
         r = run_one("mopd", "tangram", top, seed, base.with_gpus(g))
         r["gpus"] = g
         sweep.append(r)
-        if equal is None and r["mean_act_s"] <= target:
-            equal = g
+    equal, interp = None, None
+    for i in reversed(range(len(sweep))):
+        if sweep[i]["mean_act_s"] > target:
+            break
+        equal = sweep[i]["gpus"]
+        interp = float(equal)
+        if i > 0:
+            lo, hi = sweep[i - 1], sweep[i]
+            span = lo["mean_act_s"] - hi["mean_act_s"]
+            frac = (lo["mean_act_s"] - target) / span if span > 0 else 1.0
+            interp = lo["gpus"] + frac * (hi["gpus"] - lo["gpus"])
     return {
         "experiment": "fig8-gpu",
         "rows": rows,
@@ -159,9 +176,17 @@ def fig8_gpu(
         "ours": {
             "by_batch": ours,
             "static_mean_act_s": target,
-            "static_gpus": 36,
+            "static_gpus": static_gpus,
             "gpus_for_equal_act": equal,
             "gpu_share_for_equal_act": (equal / base.total_gpus) if equal else None,
+            "gpu_share_of_static_for_equal_act": (equal / static_gpus) if equal and static_gpus else None,
+            "gpus_for_equal_act_interp": interp,
+            "gpu_share_for_equal_act_interp": (interp / base.total_gpus) if interp else None,
+            "gpu_share_of_static_for_equal_act_interp": (
+                (interp / static_gpus) if interp and static_gpus else None
+            ),
+            "gpu_sweep_gpus": [r["gpus"] for r in sweep],
+            "gpu_sweep_mean_act_s": [r["mean_act_s"] for r in sweep],
         },
     }
 
