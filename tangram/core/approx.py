@@ -43,22 +43,42 @@ def approx_acts(
 
     ``cand_plan``: (units, duration) per candidate; ``running``: (time left, units) of the
     actions already running; ``capacity_free``: units free before the candidates start.
+    The first ``depth`` actions of ``behind`` may choose among their options.
     """
-    free = capacity_free - sum(u for u, _ in cand_plan)
-    heap = [(max(0.0, t), u) for t, u in running] + [(d, u) for u, d in cand_plan]
-    heapq.heapify(heap)
-    total_units = capacity_free + sum(u for _, u in running)
-    obj, clock = cand_total, 0.0
-    for i, b in enumerate(behind):
-        options = [o for o in (b.options if i < depth else b.options[:1]) if o[0] <= total_units]
-        if not options:
-            continue
-        units, dur = options[0] if len(options) == 1 else _best_option(heap, free, clock, options)
-        clock, free = _start_when(heap, free, units, clock)
-        free -= units
-        heapq.heappush(heap, (clock + dur, units))
-        obj += clock + dur
-    return obj
+    return _Releases(running).objective(cand_total, cand_plan, behind, capacity_free, depth)
+
+
+class _Releases:
+    """The running actions' releases as a heap, built once and copied per plan."""
+
+    __slots__ = ("heap", "units")
+
+    def __init__(self, running: Sequence[tuple[float, int]]) -> None:
+        self.heap = [(t if t > 0.0 else 0.0, u) for t, u in running]
+        heapq.heapify(self.heap)
+        self.units = sum(u for _, u in running)
+
+    def objective(self, cand_total: float, cand_plan: Sequence[tuple[int, float]],
+                  behind: Sequence[Behind], capacity_free: int, depth: int) -> float:
+        free = capacity_free
+        heap = self.heap.copy()
+        for u, d in cand_plan:
+            free -= u
+            heapq.heappush(heap, (d, u))
+        total_units = capacity_free + self.units
+        obj, clock, explored = cand_total, 0.0, 0
+        for b in behind:
+            elastic = len(b.options) > 1 and explored < depth
+            explored += elastic
+            options = [o for o in (b.options if elastic else b.options[:1]) if o[0] <= total_units]
+            if not options:
+                continue
+            units, dur = options[0] if len(options) == 1 else _best_option(heap, free, clock, options)
+            clock, free = _start_when(heap, free, units, clock)
+            free -= units
+            heapq.heappush(heap, (clock + dur, units))
+            obj += clock + dur
+        return obj
 
 
 def _best_option(
@@ -82,6 +102,7 @@ def greedy_eviction(
     behind: Sequence[Behind],
     capacity_free: int,
     depth: int = 2,
+    hold_all: bool = False,
 ) -> list[int]:
     """Algorithm 1's greedy eviction: drop candidates from the tail of the FCFS prefix while
     ApproxACTs (candidates started with DPArrange's units + the queue behind them) improves.
@@ -89,11 +110,13 @@ def greedy_eviction(
     ``table`` is the prefix table over ``options``; ``cand_behind[i]`` is candidate i as a
     waiting action, used once it is held back."""
     n = len(options)
+    releases = _Releases(running)
 
     def objective(t: int) -> float:
         total, units = table.best(t)
         plan = [(u, options[i][u]) for i, u in enumerate(units)]
-        return approx_acts(total, plan, running, [*cand_behind[t:], *behind], capacity_free, depth)
+        # held-back candidates keep their choice of units (as in the DP), on top of ``depth``
+        return releases.objective(total, plan, [*cand_behind[t:], *behind], capacity_free, depth + n - t)
 
     t, best = n, objective(n)
     while t > 1 and table.feasible(t - 1):
@@ -101,4 +124,6 @@ def greedy_eviction(
         if obj >= best:
             break
         best, t = obj, t - 1
+    if hold_all and objective(0) < best:
+        return [0] * n
     return list(table.best(t)[1]) + [0] * (n - t)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from tangram.core import commands as cmd
 from tangram.core.actions import ActionSpec, Kind, duration
-from tangram.core.approx import greedy_eviction
+from tangram.core.approx import Behind, greedy_eviction
 from tangram.core.dp import arrange_table
 from tangram.core.resources import CPU
 from tangram.core.state import FIXED, MAX, MIN, TANGRAM, Running, Sandbox, Waiting
@@ -21,6 +21,9 @@ from tangram.core.status import Shortfall, Status, wait
 
 if TYPE_CHECKING:
     from tangram.core.scheduler import Scheduler
+
+
+HELD = wait(message="held back: starting it now would raise the summed completion time")
 
 
 def run(sched: Scheduler, out: list[cmd.Command]) -> None:
@@ -123,7 +126,7 @@ def _start_group(sched: Scheduler, node: str, group: list[Waiting], waiting: lis
     units = _allocate(sched, group, waiting, cpu_node.free, node)
     for w, u in zip(group, units):
         if u == 0:
-            w.status = wait(message="held back: starting it now would raise the summed completion time")
+            w.status = HELD
             continue
         sched._dequeue(CPU, w.spec.action_id)
         cores = cpu_node.pick(u)
@@ -144,10 +147,14 @@ def _start_group(sched: Scheduler, node: str, group: list[Waiting], waiting: lis
 
 
 def _running_on(sched: Scheduler, node: str) -> list[tuple[float, int]]:
+    """(expected time left, units) of the node's running execs. One past its estimate is
+    expected to need its estimated duration again (memoryless), not to end this instant:
+    otherwise a plan that waits for its cores looks free."""
+    now = sched.now
     return [
-        (r.est_end - sched.now, r.units)
-        for r in sched.running.values()
-        if r.node == node and r.spec.kind is Kind.EXEC and r.units
+        (r.est_end - now if r.est_end > now else r.est_end - r.started, r.units)
+        for r in sched.running.on(node).values()
+        if r.spec.kind is Kind.EXEC and r.units
     ]
 
 
@@ -170,21 +177,70 @@ def _options(sched: Scheduler, spec: ActionSpec, spare: int) -> dict[int, float]
 
 def _allocate(sched: Scheduler, group: list[Waiting], waiting: list[Waiting], free_units: int,
               node: str) -> list[int]:
-    """Units per candidate (0: held back), via DPArrange and greedy eviction."""
+    """Units per candidate (0: held back), via DPArrange and greedy eviction.
+
+    Beyond the paper's loop (which never evicts the last candidate), the whole prefix may
+    be held back when a candidate could use more units than are free now and ApproxACTs
+    says that waiting for them finishes sooner: otherwise a long elastic run that meets one
+    free core starts on it and keeps that DoP for its whole life."""
     spare = free_units - sum(w.need for w in group)
     if sched.config.policy == MAX:
         return _greedy_max(group, spare)
-    options = [_options(sched, w.spec, spare) for w in group]
+    waiting = waiting[: sched.config.behind_limit]
+    # a node that held its whole prefix is re-decided once something on it changes
+    key = (free_units, sched.running.changes(node), [w.seq for w in group], [w.seq for w in waiting])
+    if sched._cpu_held.get(node) == key:
+        return [0] * len(group)
+    # each candidate may use what its predecessors' minimums leave: the units of the ones
+    # behind it are its to take when greedy eviction holds those back
+    options, before = [], 0
+    for w in group:
+        options.append(_memo_options(sched, w, free_units - before - w.need))
+        before += w.need
     table = arrange_table(options, free_units)
     n = len(group)
     if sched.config.policy != TANGRAM or not sched.config.eviction or n == 0:
         return list(table.best(n)[1]) if n else []
-    if n == 1 or all(len(o) == 1 for o in options):
+    cand_behind = [_memo_behind(sched, w) for w in group]
+    grow = any(b.options[-1][0] > max(o) for b, o in zip(cand_behind, options))  # could use more units
+    if not grow and (n == 1 or all(len(o) == 1 for o in options)):
         return list(table.best(n)[1])  # nothing to evict, or nothing elastic: minimums
-    running = _running_on(sched, node)  # only now: it scans the running actions
-    behind = [sched._behind(w.spec) for w in waiting[: sched.config.behind_limit]]
-    cand_behind = [sched._behind(w.spec) for w in group]
-    return greedy_eviction(table, options, running, cand_behind, behind, free_units, sched.config.depth)
+    running = _running_on(sched, node)
+    behind = [_memo_behind(sched, w) for w in waiting]
+    units = greedy_eviction(table, options, running, cand_behind, behind, free_units, sched.config.depth,
+                            hold_all=bool(running) and grow)
+    if any(units):
+        sched._cpu_held.pop(node, None)
+    else:
+        sched._cpu_held[node] = key
+    return units
+
+
+def _fresh_memo(sched: Scheduler, w: Waiting) -> dict[object, object]:
+    """``w.memo``, emptied when the T_ori its entries were built from has changed."""
+    t = sched._t_ori(w.spec)
+    memo = w.memo
+    if memo.get("t_ori", -1.0) != t:
+        memo.clear()
+        memo["t_ori"] = t
+    return memo
+
+
+def _memo_behind(sched: Scheduler, w: Waiting) -> Behind:
+    memo = _fresh_memo(sched, w)
+    b = memo.get("behind")
+    if b is None:
+        b = memo["behind"] = sched._behind(w.spec)
+    return b  # type: ignore[return-value]
+
+
+def _memo_options(sched: Scheduler, w: Waiting, spare: int) -> dict[int, float]:
+    memo = _fresh_memo(sched, w)
+    key = ("options", spare if w.spec.key_demand.elastic else 0)
+    o = memo.get(key)
+    if o is None:
+        o = memo[key] = _options(sched, w.spec, spare)
+    return o  # type: ignore[return-value]
 
 
 def _greedy_max(group: list[Waiting], spare: int) -> list[int]:

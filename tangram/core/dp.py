@@ -425,6 +425,8 @@ def _sorted_gain_owners(curves: Sequence[Curve], capacity: int) -> IntArray:
     gains: list[FloatArray] = []
     owners: list[IntArray] = []
     for i, (_, curve) in enumerate(curves):
+        if len(curve) < 2 or capacity < 1:
+            continue  # a single option has no gain
         d = np.array(curve[: capacity + 1])
         g = d[:-1] - d[1:]
         stop = np.flatnonzero(g <= 0)

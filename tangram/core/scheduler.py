@@ -39,7 +39,7 @@ from tangram.core.managers.basic import BasicManager
 from tangram.core.managers.cpu import CpuManager
 from tangram.core.managers.gpu import SIZES, GpuManager, ServiceInfo, chunk_size
 from tangram.core.resources import CPU, GPU, Demand, is_api, valid_resource
-from tangram.core.state import FIXED, MAX, MIN, TANGRAM, QueueRow, Running, Sandbox, Snapshot, Waiting
+from tangram.core.state import FIXED, MAX, MIN, TANGRAM, QueueRow, Running, RunningTable, Sandbox, Snapshot, Waiting
 from tangram.core.status import ADMITTED, Code, Shortfall, Status, never, wait
 
 __all__ = [
@@ -73,7 +73,9 @@ class Scheduler:
         self.history = DurationHistory(default_s=self.config.default_duration_s)
         self.queues: dict[str, dict[str, Waiting]] = {}
         self._cpu_sub: dict[str, dict[str, Waiting]] = {}  # CPU queue per node ("" = no node yet)
-        self.running: dict[str, Running] = {}
+        self.running = RunningTable()
+        self._behind_memo: dict[tuple[object, ...], Behind] = {}
+        self._cpu_held: dict[str, tuple[object, ...]] = {}  # node -> state when it held its prefix
         self.sandboxes: dict[str, Sandbox] = {}
         self.now = 0.0
         self._seq = 0
@@ -366,6 +368,17 @@ class Scheduler:
         return d.min
 
     def _behind(self, spec: ActionSpec) -> Behind:
+        """The action as a waiting one in ApproxACTs: (units, estimate) options, memoised
+        on what they depend on (the key demand, the elasticity and the current T_ori)."""
+        key = (spec.key_demand, spec.elasticity, self._t_ori(spec))
+        b = self._behind_memo.get(key)
+        if b is None:
+            if len(self._behind_memo) >= 4096:
+                self._behind_memo.clear()
+            b = self._behind_memo[key] = self._behind_new(spec)
+        return b
+
+    def _behind_new(self, spec: ActionSpec) -> Behind:
         d = spec.key_demand
         opts = [d.min]
         if d.elastic and self.config.policy == TANGRAM:

@@ -19,6 +19,8 @@ class Waiting:
     deadline: float | None
     status: Status = ADMITTED
     need: int = 0  # the policy's minimum units, fixed at submission
+    # per-pass views (options, ApproxACTs entry) memoised on the T_ori they were built from
+    memo: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass
@@ -33,6 +35,46 @@ class Running:
     load_s: float = 0.0
     deadline: float | None = None
     killed: bool = False
+
+
+class RunningTable(dict[str, Running]):
+    """The running actions by id, with an index per node (``on(node)``) so a pass over one
+    node does not scan the whole cluster. Only ``[id] = r`` and ``pop(id)`` change it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_node: dict[str, dict[str, Running]] = {}
+        self._changes: dict[str, int] = {}
+
+    def __setitem__(self, aid: str, r: Running) -> None:
+        old = self.get(aid)
+        if old is not None:
+            self._by_node[old.node].pop(aid, None)
+            self._changes[old.node] = self._changes.get(old.node, 0) + 1
+        super().__setitem__(aid, r)
+        self._by_node.setdefault(r.node, {})[aid] = r
+        self._changes[r.node] = self._changes.get(r.node, 0) + 1
+
+    def pop(self, aid: str, *default: Running) -> Running:  # type: ignore[override]
+        if aid not in self:
+            if default:
+                return default[0]
+            raise KeyError(aid)
+        r = super().pop(aid)
+        self._by_node[r.node].pop(aid, None)
+        self._changes[r.node] += 1
+        return r
+
+    def __delitem__(self, aid: str) -> None:
+        self.pop(aid)
+
+    def changes(self, node: str) -> int:
+        """A counter that moves whenever an action starts or ends on ``node``."""
+        return self._changes.get(node, 0)
+
+    def on(self, node: str) -> dict[str, Running]:
+        """The running actions placed on ``node`` (a live view: do not mutate)."""
+        return self._by_node.get(node, {})
 
 
 @dataclass
