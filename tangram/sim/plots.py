@@ -101,6 +101,17 @@ def plot_experiment(doc: dict[str, Any], path: str) -> None:
         ax2.set_xlabel("GPUs given to tangram")
         ax2.set_ylabel("mean ACT (s)")
         ax2.legend()
+    elif name == "fig9":
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+        _line(ax, rows, "mean ACT (s)")
+        sw = doc["cpu_sweep"]
+        for p in dict.fromkeys(r["policy"] for r in sw):
+            pts = [(r["cpu_nodes"], r["reward_act_s"] + r["env_act_s"]) for r in sw if r["policy"] == p]
+            ax2.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
+        ax2.set_title(f"batch {sw[0]['batch']}: CPU pool size")
+        ax2.set_xlabel("CPU nodes (256 cores each)")
+        ax2.set_ylabel("total ACT per trajectory (s)")
+        ax2.legend()
     elif name == "table1":
         labels = list(doc["ours"])
         _bars(

@@ -51,6 +51,7 @@ _EXPERIMENT_COLUMNS = (
     "batch",
     "policy",
     "gpus",
+    "cpu_nodes",
     "mean_act_s",
     "p99_act_s",
     "env_act_s",
@@ -298,7 +299,7 @@ def _experiment(name: str, seed: int, spec: Any, batch: int | None, as_json: boo
     t = Table(title=f"{name} (simulated, seed {seed})")
     for col in _EXPERIMENT_COLUMNS:
         t.add_column(col, justify="right" if col not in ("workload", "policy") else "left")
-    for r in rows + doc.get("gpu_sweep", []):
+    for r in rows + doc.get("gpu_sweep", []) + doc.get("cpu_sweep", []):
         t.add_row(
             *[_fmt(r.get(c, "")) for c in _EXPERIMENT_COLUMNS]
         )
