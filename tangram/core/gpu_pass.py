@@ -215,8 +215,8 @@ def _sizes(sched: Scheduler, gnode: GpuNode, group: list[Waiting], behind: list[
         return mins
     if sched.config.policy != TANGRAM or not sched.config.eviction:
         return list(table.best(n)[1])
-    running = [(r.est_end - sched.now, r.units) for r in sched.running.values()
-               if r.node == gnode.name and r.spec.kind is Kind.CALL]
+    running = [(r.est_end - sched.now, r.units) for r in sched.running.on(gnode.name).values()
+               if r.spec.kind is Kind.CALL]
     cand_behind = [sched._behind(w.spec) for w in group]
     rest = [sched._behind(w.spec) for w in behind[: sched.config.behind_limit]]
     return greedy_eviction(table, options, running, cand_behind, rest, free, sched.config.depth)
