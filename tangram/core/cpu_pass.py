@@ -189,7 +189,8 @@ def _allocate(sched: Scheduler, group: list[Waiting], waiting: list[Waiting], fr
     waiting = waiting[: sched.config.behind_limit]
     # a node that held its whole prefix is re-decided once something on it changes
     key = (free_units, sched.running.changes(node), [w.seq for w in group], [w.seq for w in waiting])
-    if sched._cpu_held.get(node) == key:
+    held = sched._cpu_held.get(node)
+    if held is not None and held[0] == key and sched.now < held[1]:
         return [0] * len(group)
     # each candidate may use what its predecessors' minimums leave: the units of the ones
     # behind it are its to take when greedy eviction holds those back
@@ -211,8 +212,8 @@ def _allocate(sched: Scheduler, group: list[Waiting], waiting: list[Waiting], fr
                             hold_all=bool(running) and grow)
     if any(units):
         sched._cpu_held.pop(node, None)
-    else:
-        sched._cpu_held[node] = key
+    else:  # re-decided when the node changes, or once the plan's first release is due
+        sched._cpu_held[node] = (key, sched.now + min(t for t, _ in running))
     return units
 
 

@@ -75,7 +75,8 @@ class Scheduler:
         self._cpu_sub: dict[str, dict[str, Waiting]] = {}  # CPU queue per node ("" = no node yet)
         self.running = RunningTable()
         self._behind_memo: dict[tuple[object, ...], Behind] = {}
-        self._cpu_held: dict[str, tuple[object, ...]] = {}  # node -> state when it held its prefix
+        # node -> (its state when it held its whole CPU prefix, when to re-decide at the latest)
+        self._cpu_held: dict[str, tuple[tuple[object, ...], float]] = {}
         self.sandboxes: dict[str, Sandbox] = {}
         self.now = 0.0
         self._seq = 0
@@ -108,6 +109,7 @@ class Scheduler:
         for name, api in self.basic.apis.items():
             if self.queues.get(_api_pool(name)) and (t := api.next_window()) is not None:
                 times.append(t)
+        times.extend(t for _, t in self._cpu_held.values() if t > self.now)
         return min(times) if times else None
 
     # -- events --------------------------------------------------------------------------
@@ -235,6 +237,10 @@ class Scheduler:
     def _on_tick(self, e: ev.Tick, out: list[cmd.Command]) -> None:
         for name in self.basic.apis:
             self._dirty.add(_api_pool(name))
+        due = [node for node, (_, t) in self._cpu_held.items() if t <= self.now]
+        for node in due:  # a held node's plan expected a release by now: decide it again
+            del self._cpu_held[node]
+            self._dirty.add(CPU)
 
     # -- admission -----------------------------------------------------------------------
     def _submit(self, spec: ActionSpec, out: list[cmd.Command]) -> None:

@@ -132,3 +132,20 @@ def test_an_overdue_action_is_not_expected_to_end_this_instant():
     led.apply(s.handle(ev.ActionSubmitted(exec_spec("t", "a", 1, action_type="tool")), 1.0))
     s.handle(ev.Tick(), 5.0)  # estimated to end at 2.0; still running at 5.0
     assert cpu_pass._running_on(s, "n1") == [(1.0, 1)]
+
+
+def test_a_held_node_is_decided_again_when_its_expected_release_is_overdue():
+    s = make(cores=16)
+    led = Ledger(s)
+    open_sb(s, "b")
+    led.apply(s.handle(ev.ActionSubmitted(exec_spec("big", "b", 15, 15, t_ori=150.0, serial=0.0)), 0.0))
+    assert s.running["big"].est_end == 10.0
+    open_sb(s, "r", now=1.0)
+    led.apply(s.handle(ev.ActionSubmitted(exec_spec("reward", "r", 1, 16, t_ori=160.0, serial=0.05)), 1.0))
+    assert "reward" not in led.started  # 9 s for 16 cores beats 160 s on one
+    assert s.next_deadline() == 10.0  # nothing else will happen on the node: a Tick must come
+    led.apply(s.handle(ev.Tick(), 10.0))  # "big" overran its estimate: decided again, still worth waiting
+    assert "reward" not in led.started
+    assert s.next_deadline() == 20.0
+    led.apply(s.handle(ev.ActionFinished("big", ok=True), 12.0))
+    assert s.running["reward"].units == 16
