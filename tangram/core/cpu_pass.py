@@ -124,7 +124,7 @@ def _start_group(sched: Scheduler, node: str, group: list[Waiting], waiting: lis
                  out: list[cmd.Command]) -> None:
     cpu_node = sched.cpu.nodes[node]
     units = _allocate(sched, group, waiting, cpu_node.free, node)
-    for w, u in zip(group, units):
+    for w, u in zip(group, units, strict=True):
         if u == 0:
             w.status = HELD
             continue
@@ -203,7 +203,7 @@ def _allocate(sched: Scheduler, group: list[Waiting], waiting: list[Waiting], fr
     if sched.config.policy != TANGRAM or not sched.config.eviction or n == 0:
         return list(table.best(n)[1]) if n else []
     cand_behind = [_memo_behind(sched, w) for w in group]
-    grow = any(b.options[-1][0] > max(o) for b, o in zip(cand_behind, options))  # could use more units
+    grow = any(b.options[-1][0] > max(o) for b, o in zip(cand_behind, options, strict=True))  # wants more
     if not grow and (n == 1 or all(len(o) == 1 for o in options)):
         return list(table.best(n)[1])  # nothing to evict, or nothing elastic: minimums
     running = _running_on(sched, node)

@@ -39,7 +39,18 @@ from tangram.core.managers.basic import BasicManager
 from tangram.core.managers.cpu import CpuManager
 from tangram.core.managers.gpu import SIZES, GpuManager, ServiceInfo, chunk_size
 from tangram.core.resources import CPU, GPU, Demand, is_api, valid_resource
-from tangram.core.state import FIXED, MAX, MIN, TANGRAM, QueueRow, Running, RunningTable, Sandbox, Snapshot, Waiting
+from tangram.core.state import (
+    FIXED,
+    MAX,
+    MIN,
+    TANGRAM,
+    QueueRow,
+    Running,
+    RunningTable,
+    Sandbox,
+    Snapshot,
+    Waiting,
+)
 from tangram.core.status import ADMITTED, Code, Shortfall, Status, never, wait
 
 __all__ = [

@@ -6,11 +6,11 @@ DoP for its whole run: the `fig9` reversal in docs/simulator.md §4.1.
 from __future__ import annotations
 
 from sched_util import Ledger, exec_spec
+from test_scheduler import make, open_sb, started
 
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec
 from tangram.core.state import Running, RunningTable
-from test_scheduler import make, open_sb, started
 
 
 def _fill_with_tools(s, led, n, t_ori=1.0, now=0.0):
@@ -72,7 +72,8 @@ def test_fixed_and_min_policies_never_hold_the_lone_candidate():
         _fill_with_tools(s, led, 15, now=1.0)
         open_sb(s, "r", now=1.0)
         out = s.handle(ev.ActionSubmitted(exec_spec("reward", "r", 1, 16, t_ori=160.0, serial=0.05)), 1.1)
-        assert started(out) and started(out)[0].dop == 1, policy
+        assert started(out), policy
+        assert started(out)[0].dop == 1, policy
 
 
 def test_running_table_indexes_by_node_and_counts_changes():
@@ -81,14 +82,21 @@ def test_running_table_indexes_by_node_and_counts_changes():
     a = Running(spec, "n1", 1, 0.0, 1.0)
     b = Running(spec, "n2", 1, 0.0, 1.0)
     t["a"], t["b"] = a, b
-    assert t.on("n1") == {"a": a} and t.on("n2") == {"b": b} and t.on("n3") == {}
+    assert t.on("n1") == {"a": a}
+    assert t.on("n2") == {"b": b}
+    assert t.on("n3") == {}
     before = t.changes("n1")
-    assert t.pop("a") is a and t.on("n1") == {} and t.changes("n1") == before + 1
+    assert t.pop("a") is a
+    assert t.on("n1") == {}
+    assert t.changes("n1") == before + 1
     assert t.pop("a", None) is None
     t["b"] = Running(spec, "n1", 2, 0.0, 1.0)  # replaced onto another node
-    assert t.on("n2") == {} and set(t.on("n1")) == {"b"} and len(t) == 1
+    assert t.on("n2") == {}
+    assert set(t.on("n1")) == {"b"}
+    assert len(t) == 1
     del t["b"]
-    assert not t and t.on("n1") == {}
+    assert not t
+    assert t.on("n1") == {}
 
 
 def test_evicting_the_tail_gives_its_units_to_an_elastic_head():
