@@ -30,13 +30,17 @@ class NodeLost:
 
 @dataclass(frozen=True)
 class ServiceDefined:
-    """A GPU service: its memory per GPU for each chunk size it runs on, its restore time."""
+    """A GPU service: its memory per GPU and its restore time, the same on every chunk size
+    it runs on unless ``per_size`` lists ``(size, gpu_mem_mib, load_s)`` for a size (a
+    tensor-parallel copy on 4 GPUs holds a quarter of the weights per GPU and restores
+    them in about a quarter of the time)."""
 
     service: str
     gpu_mem_mib: int
     chunk_sizes: tuple[int, ...] = (1,)
     load_s: float = 0.0
     t_ori: float | None = None
+    per_size: tuple[tuple[int, int, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def _wait_for_resident(sched: Scheduler, w: Waiting, size: int, pl: Placement, w
     frees = _frees(sched, soon, spec.service, size)
     if not frees:
         return False
-    load_s = sched.gpu.services[spec.service].load_s
+    load_s = sched.gpu.services[spec.service].load(size)
     mine = sched._estimate(spec, size)
     gpus = free = 0
     for name, gn in sched.gpu.nodes.items():
@@ -160,7 +160,7 @@ def _wait_for_resident(sched: Scheduler, w: Waiting, size: int, pl: Placement, w
         service, _, vsize = victim
         if (service, vsize) not in window.count or _free_copy(sched, victim, pl.node, busy):
             continue
-        later = load_s + mine + sched.gpu.services[service].load_s  # after this call, restored again
+        later = load_s + mine + sched.gpu.services[service].load(vsize)  # after this call, restored again
         vf = _frees(sched, soon, service, vsize)
         cost += min(vf[0] - sched.now, later) if vf else later
     if frees[0] - sched.now >= cost:
@@ -251,8 +251,8 @@ def _start_call(sched: Scheduler, w: Waiting, pl: Placement, out: list[cmd.Comma
     sched._seq += 1
     load_s = 0.0
     if not pl.resident:
-        node.add_resident(inst, svc.gpu_mem_mib, float(sched._seq))
-        load_s = svc.load_s
+        node.add_resident(inst, svc.mem(pl.size), float(sched._seq))
+        load_s = svc.load(pl.size)
         out.append(cmd.Load(pl.node, spec.service, pl.start, pl.start + pl.size, load_s))
     node.resident[inst] = float(sched._seq)
     node.in_use[inst] = node.in_use.get(inst, 0) + 1

@@ -152,7 +152,8 @@ class Scheduler:
 
     def _on_service(self, e: ev.ServiceDefined, out: list[cmd.Command]) -> None:
         sizes = tuple(sorted(s for s in e.chunk_sizes if s in SIZES)) or (1,)
-        self.gpu.define(ServiceInfo(e.service, e.gpu_mem_mib, sizes, e.load_s, e.t_ori))
+        per_size = tuple((int(s), int(m), float(t)) for s, m, t in e.per_size)
+        self.gpu.define(ServiceInfo(e.service, e.gpu_mem_mib, sizes, e.load_s, e.t_ori, per_size))
 
     def _on_api(self, e: ev.ApiDefined, out: list[cmd.Command]) -> None:
         self.basic.define(e.api, e.mode, e.limit, e.period_s)

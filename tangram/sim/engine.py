@@ -128,9 +128,12 @@ class Engine:
         for e in self.spec.node_events():
             self._feed(e)
         for name, g in sorted(self.members.items()):
-            size = min(g.chunk_sizes)
-            mem = int(g.model_gb * MIB_PER_GB / size)
-            self._feed(ev.ServiceDefined(name, mem, g.chunk_sizes, self.spec.restore_s(g.model_gb, size)))
+            # a copy on k GPUs holds 1/k of the weights per GPU and restores them k x faster
+            per_size = tuple(
+                (k, int(g.model_gb * MIB_PER_GB / k), self.spec.restore_s(g.model_gb, k)) for k in g.chunk_sizes
+            )
+            _, mem, load = per_size[0]
+            self._feed(ev.ServiceDefined(name, mem, g.chunk_sizes, load, per_size=per_size))
         for a in self.workload.all_apis():
             self._feed(ev.ApiDefined(a.name, a.mode, a.limit, a.period_s))
 

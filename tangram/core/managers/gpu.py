@@ -36,6 +36,21 @@ class ServiceInfo:
     chunk_sizes: tuple[int, ...]
     load_s: float
     t_ori: float | None
+    per_size: tuple[tuple[int, int, float], ...] = ()  # (size, gpu_mem_mib, load_s) overrides
+
+    def mem(self, size: int) -> int:
+        """Memory per GPU of an instance on ``size`` GPUs."""
+        for s, mem, _ in self.per_size:
+            if s == size:
+                return mem
+        return self.gpu_mem_mib
+
+    def load(self, size: int) -> float:
+        """Restore time of an instance on ``size`` GPUs."""
+        for s, _, load in self.per_size:
+            if s == size:
+                return load
+        return self.load_s
 
 
 Instance = tuple[str, int, int]  # (service, start, size)
@@ -88,7 +103,7 @@ class GpuNode:
     def evictions_for(self, svc: ServiceInfo, start: int, size: int) -> tuple[Instance, ...] | None:
         """LRU instances to drop so ``svc`` fits on ``[start, start+size)``; None if impossible."""
         gpus = range(start, start + size)
-        need = {g: self.used_mem[g] + svc.gpu_mem_mib - self.mem_mib for g in gpus}
+        need = {g: self.used_mem[g] + svc.mem(size) - self.mem_mib for g in gpus}
         if all(v <= 0 for v in need.values()):
             return ()
         victims: list[Instance] = []
@@ -152,9 +167,9 @@ class GpuManager:
         if not self.nodes:
             return "no GPU node has joined"
         for node in self.nodes.values():
-            if node.count >= size and node.mem_mib >= svc.gpu_mem_mib:
+            if node.count >= size and node.mem_mib >= svc.mem(size):
                 return None
-        return f"no node has {size} GPUs with {svc.gpu_mem_mib} MiB each"
+        return f"no node has {size} GPUs with {svc.mem(size)} MiB each"
 
     def choose(
         self, service: str, size: int, busy: dict[str, int], blocked: set[str], only: str | None = None,
@@ -168,7 +183,9 @@ class GpuManager:
         best: tuple[tuple[int, int, int, int, str, int], Placement] | None = None
         for name in sorted(self.nodes):
             node = self.nodes[name]
-            if (only is not None and name != only) or name in blocked or size > node.count or svc.gpu_mem_mib > node.mem_mib:
+            if (only is not None and name != only) or name in blocked or size > node.count:
+                continue
+            if svc.mem(size) > node.mem_mib:
                 continue
             b = busy.get(name, node.busy)
             for start in range(0, node.count - size + 1, size):
