@@ -67,16 +67,26 @@ class _Releases:
             heapq.heappush(heap, (d, u))
         total_units = capacity_free + self.units
         obj, clock, explored = cand_total, 0.0, 0
+        push, pop = heapq.heappush, heapq.heappop
         for b in behind:
-            elastic = len(b.options) > 1 and explored < depth
-            explored += elastic
-            options = [o for o in (b.options if elastic else b.options[:1]) if o[0] <= total_units]
-            if not options:
-                continue
-            units, dur = options[0] if len(options) == 1 else _best_option(heap, free, clock, options)
-            clock, free = _start_when(heap, free, units, clock)
+            opts = b.options
+            if len(opts) > 1 and explored < depth:
+                explored += 1
+                options = [o for o in opts if o[0] <= total_units]
+                if not options:
+                    continue
+                units, dur = options[0] if len(options) == 1 else _best_option(heap, free, clock, options)
+            else:
+                units, dur = opts[0]
+                if units > total_units:
+                    continue
+            while free < units and heap:  # wait for releases (inlined _start_when: the hot loop)
+                t, u = pop(heap)
+                if t > clock:
+                    clock = t
+                free += u
             free -= units
-            heapq.heappush(heap, (clock + dur, units))
+            push(heap, (clock + dur, units))
             obj += clock + dur
         return obj
 
@@ -84,12 +94,13 @@ class _Releases:
 def _best_option(
     heap: list[tuple[float, int]], free: int, clock: float, options: Sequence[tuple[int, float]]
 ) -> tuple[int, float]:
-    """The (units, duration) option that finishes first, each tried on a copy of the heap."""
-    best: tuple[float, int, float] | None = None
-    for units, dur in options:
-        start, _ = _start_when(list(heap), free, units, clock)
-        if best is None or start + dur < best[0]:
-            best = (start + dur, units, dur)
+    """The (units, duration) option that finishes first (the fewest units on a tie). One
+    copy of the heap serves all options: their starts come from one release timeline."""
+    releases, best = list(heap), None
+    for units, dur in sorted(options, key=lambda o: o[0]):
+        clock, free = _start_when(releases, free, units, clock)
+        if best is None or clock + dur < best[0]:
+            best = (clock + dur, units, dur)
     assert best is not None
     return best[1], best[2]
 

@@ -208,8 +208,11 @@ def _allocate(sched: Scheduler, group: list[Waiting], waiting: list[Waiting], fr
         return list(table.best(n)[1])  # nothing to evict, or nothing elastic: minimums
     running = _running_on(sched, node)
     behind = [_memo_behind(sched, w) for w in waiting]
+    # only the head may hold the prefix for more units (as a fixed DoP would wait at the
+    # head): a later candidate that wants more is what tail eviction is for
+    head_grows = cand_behind[0].options[-1][0] > max(options[0])
     units = greedy_eviction(table, options, running, cand_behind, behind, free_units, sched.config.depth,
-                            hold_all=bool(running) and grow)
+                            hold_all=bool(running) and head_grows)
     if any(units):
         sched._cpu_held.pop(node, None)
     else:  # re-decided when the node changes, or once the plan's first release is due
