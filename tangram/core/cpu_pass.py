@@ -180,7 +180,7 @@ def _allocate(sched: Scheduler, group: list[Waiting], waiting: list[Waiting], fr
     """Units per candidate (0: held back), via DPArrange and greedy eviction.
 
     Beyond the paper's loop (which never evicts the last candidate), the whole prefix may
-    be held back when a candidate could use more units than are free now and ApproxACTs
+    be held back when its head could use more units than are free now and ApproxACTs
     says that waiting for them finishes sooner: otherwise a long elastic run that meets one
     free core starts on it and keeps that DoP for its whole life."""
     spare = free_units - sum(w.need for w in group)
