@@ -166,6 +166,18 @@ class _Bar:
     help="YAML file overriding cluster fields (see docs/simulator.md).",
 )
 @click.option(
+    "--cpu-nodes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="CPU nodes in the pool (256 cores each by default; paper: 15). Applied after --cluster.",
+)
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=1),
+    default=None,
+    help="GPUs in the pool, packed into 8-GPU nodes (paper: 40). Applied after --cluster.",
+)
+@click.option(
     "--experiment",
     "-e",
     type=click.Choice(["fig6", "fig7", "fig8-cpu", "fig8-gpu", "fig9", "table1"]),
@@ -190,6 +202,8 @@ def command(
     steps: int,
     seed: int,
     cluster_file: str | None,
+    cpu_nodes: int | None,
+    gpus: int | None,
     experiment: str | None,
     as_json: bool,
     plot: str | None,
@@ -199,6 +213,16 @@ def command(
     from tangram.sim.cluster import load_cluster
 
     spec = load_cluster(cluster_file) if cluster_file else None
+    if cpu_nodes is not None or gpus is not None:
+        from dataclasses import replace
+
+        from tangram.sim.cluster import ClusterSpec
+
+        spec = spec or ClusterSpec()
+        if cpu_nodes is not None:
+            spec = replace(spec, cpu_nodes=cpu_nodes)
+        if gpus is not None:
+            spec = spec.with_gpus(gpus)
     if plot:
         from tangram.sim.plots import _plt
 

@@ -81,3 +81,18 @@ def test_cluster_file(tmp_path):
     res = CliRunner().invoke(cli, ["sim", "--cluster", str(f)])
     assert res.exit_code == 2
     assert "unknown cluster field" in res.stderr
+
+
+def test_pool_size_flags_apply_after_the_cluster_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("cpu_nodes: 4\ncores_per_node: 16\n")
+    res = CliRunner().invoke(
+        cli, ["sim", "-w", "coding", "-b", "4", "-p", "tangram", "--cluster", str(f), "--cpu-nodes", "2", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["tangram"]["cores"] == 32
+    res = CliRunner().invoke(cli, ["sim", "-w", "mopd", "-b", "4", "-p", "tangram", "--gpus", "12", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["tangram"]["gpus"] == 12
+    res = CliRunner().invoke(cli, ["sim", "--cpu-nodes", "0"])
+    assert res.exit_code == 2
