@@ -124,6 +124,14 @@ def _start_group(sched: Scheduler, node: str, group: list[Waiting], waiting: lis
                  out: list[cmd.Command]) -> None:
     cpu_node = sched.cpu.nodes[node]
     units = _allocate(sched, group, waiting, cpu_node.free, node)
+    if group and not any(units):  # the head waits for more cores; FCFS keeps the rest behind it
+        head = group[0]
+        head.status = wait(Shortfall(CPU, head.spec.key_demand.max, cpu_node.free, cpu_node.total, node),
+                           message=f"waiting for more cores: a run on the {cpu_node.free} free now would end later")
+        behind_head = wait(message=f"behind {head.spec.action_id}, which waits for more cores on {node}")
+        for w in group[1:]:
+            w.status = behind_head
+        return
     for w, u in zip(group, units, strict=True):
         if u == 0:
             w.status = HELD

@@ -36,7 +36,7 @@ def test_long_elastic_run_waits_for_cores_rather_than_locking_in_at_one():
     out = s.handle(ev.ActionSubmitted(exec_spec("reward", "r", 1, 16, t_ori=160.0, serial=0.05)), 1.1)
     led.apply(out)
     assert "reward" not in led.started  # one core free: 160 s there vs ~1 s wait for more
-    assert "held back" in str(s.queues["cpu"]["reward"].status)
+    assert "waiting for more cores" in str(s.queues["cpu"]["reward"].status)
     for i, aid in enumerate(tools):
         led.apply(s.handle(ev.ActionFinished(aid, ok=True), 2.0 + 0.01 * i))
         if "reward" in led.started:
