@@ -2,8 +2,10 @@
 
 Candidates start now with their DP allocation; every waiting action behind them starts, in
 FCFS order, as soon as enough units have been released by the completions in a heap
-(running actions and earlier starts); the first ``depth`` of them may instead try each of a
-few feasible allocations and keep the one that finishes first. Times are relative to now.
+(running actions and earlier starts); the first ``depth`` of them that have a choice may
+instead try each of a few feasible allocations and keep the one that finishes first. A
+running action is expected to end at its estimate (callers pass time left). Times are
+relative to now.
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ def approx_acts(
 
     ``cand_plan``: (units, duration) per candidate; ``running``: (time left, units) of the
     actions already running; ``capacity_free``: units free before the candidates start.
-    The first ``depth`` actions of ``behind`` may choose among their options.
+    The first ``depth`` actions of ``behind`` that have more than one option may choose
+    among them (the one that finishes first); the others take their first option.
     """
     return _Releases(running).objective(cand_total, cand_plan, behind, capacity_free, depth)
 
@@ -119,7 +122,10 @@ def greedy_eviction(
     ApproxACTs (candidates started with DPArrange's units + the queue behind them) improves.
     Returns units per candidate, 0 for those held back (they stay at the head of the queue).
     ``table`` is the prefix table over ``options``; ``cand_behind[i]`` is candidate i as a
-    waiting action, used once it is held back."""
+    waiting action, used once it is held back. With ``hold_all`` (beyond the paper's loop,
+    which keeps at least one candidate) the whole prefix is held when that is lower still:
+    the caller allows it only when the head could use more units than are free and
+    something running will free some."""
     n = len(options)
     releases = _Releases(running)
 
