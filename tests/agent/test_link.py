@@ -586,8 +586,12 @@ async def test_e2e_reconnects_after_controller_restart(ctl, tmp_path):
     proc = agent_proc(ctl, tmp_path)
     try:
         ident, _ = await ctl.handshake(timeout=15)
+        # a Heartbeat proves the Welcome arrived (closing with linger 0 could drop it, and then the
+        # agent would be retrying its Hello instead of noticing a lost controller)
+        _, env = await ctl.recv(timeout=10, skip_heartbeats=False)
+        assert isinstance(env.msg, p.Heartbeat)
         ctl.rebind()
-        ident2, hello = await ctl.handshake(timeout=10)
+        ident2, hello = await ctl.handshake(timeout=20)  # ~3 heartbeats of silence, then a new Hello
         assert ident2 == ident == b"e2e" and hello.facts["pid"] == proc.pid
         await sandbox(ctl, ident2, "after")
     finally:
