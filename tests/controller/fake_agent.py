@@ -217,6 +217,9 @@ class FakeAgent:
             start_new_session=True,
         )
         self._procs[msg.action] = proc
+        if msg.action in self._killed:  # the Kill came while the process was being created
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         timed_out = False
         try:
             out, err = await asyncio.wait_for(proc.communicate(blobs[0] if blobs else None), msg.timeout_s)

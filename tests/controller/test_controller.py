@@ -167,6 +167,10 @@ async def test_client_gone_releases_sandboxes(make_controller, make_agent, raw_c
             break
         await asyncio.sleep(0.02)
     assert sandbox in agent.destroyed
+    for _ in range(250):  # the kill lands before the destroy; the process is reaped a moment later
+        if agent.runs[0].end > 0:
+            break
+        await asyncio.sleep(0.02)
     assert agent.runs[0].end > 0  # its running action was killed
     assert c.core.snapshot().running == 0
 
