@@ -70,7 +70,7 @@ class _Releases:
             heapq.heappush(heap, (d, u))
         total_units = capacity_free + self.units
         obj, clock, explored = cand_total, 0.0, 0
-        push, pop = heapq.heappush, heapq.heappop
+        push = heapq.heappush
         for b in behind:
             opts = b.options
             if len(opts) > 1 and explored < depth:
@@ -83,11 +83,8 @@ class _Releases:
                 units, dur = opts[0]
                 if units > total_units:
                     continue
-            while free < units and heap:  # wait for releases (inlined _start_when: the hot loop)
-                t, u = pop(heap)
-                if t > clock:
-                    clock = t
-                free += u
+            if free < units:  # most entries start at once: skip the call
+                clock, free = _start_when(heap, free, units, clock)
             free -= units
             push(heap, (clock + dur, units))
             obj += clock + dur

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from tangram.core import commands as cmd
 from tangram.core.actions import ActionSpec, Kind, duration
-from tangram.core.approx import Behind, greedy_eviction
+from tangram.core.approx import greedy_eviction
 from tangram.core.dp import arrange_table
 from tangram.core.resources import CPU
 from tangram.core.state import FIXED, MAX, MIN, TANGRAM, Running, Sandbox, Waiting
@@ -191,9 +191,8 @@ def _allocate(sched: Scheduler, group: list[Waiting], waiting: list[Waiting], fr
     be held back when its head could use more units than are free now and ApproxACTs
     says that waiting for them finishes sooner: otherwise a long elastic run that meets one
     free core starts on it and keeps that DoP for its whole life."""
-    spare = free_units - sum(w.need for w in group)
     if sched.config.policy == MAX:
-        return _greedy_max(group, spare)
+        return _greedy_max(group, free_units - sum(w.need for w in group))
     waiting = waiting[: sched.config.behind_limit]
     # a node that held its whole prefix is re-decided once something on it changes
     key = (free_units, sched.running.changes(node), [w.seq for w in group], [w.seq for w in waiting])
@@ -210,12 +209,12 @@ def _allocate(sched: Scheduler, group: list[Waiting], waiting: list[Waiting], fr
     n = len(group)
     if sched.config.policy != TANGRAM or not sched.config.eviction or n == 0:
         return list(table.best(n)[1]) if n else []
-    cand_behind = [_memo_behind(sched, w) for w in group]
+    cand_behind = [sched._behind(w.spec) for w in group]
     grow = any(b.options[-1][0] > max(o) for b, o in zip(cand_behind, options, strict=True))  # wants more
     if not grow and (n == 1 or all(len(o) == 1 for o in options)):
         return list(table.best(n)[1])  # nothing to evict, or nothing elastic: minimums
     running = _running_on(sched, node)
-    behind = [_memo_behind(sched, w) for w in waiting]
+    behind = [sched._behind(w.spec) for w in waiting]
     # only the head may hold the prefix for more units (as a fixed DoP would wait at the
     # head): a later candidate that wants more is what tail eviction is for
     head_grows = cand_behind[0].options[-1][0] > max(options[0])
@@ -228,26 +227,13 @@ def _allocate(sched: Scheduler, group: list[Waiting], waiting: list[Waiting], fr
     return units
 
 
-def _fresh_memo(sched: Scheduler, w: Waiting) -> dict[object, object]:
-    """``w.memo``, emptied when the T_ori its entries were built from has changed."""
+def _memo_options(sched: Scheduler, w: Waiting, spare: int) -> dict[int, float]:
+    """``_options`` of a waiting action, memoised in ``w.memo`` until its T_ori changes."""
     t = sched._t_ori(w.spec)
     memo = w.memo
     if memo.get("t_ori", -1.0) != t:
         memo.clear()
         memo["t_ori"] = t
-    return memo
-
-
-def _memo_behind(sched: Scheduler, w: Waiting) -> Behind:
-    memo = _fresh_memo(sched, w)
-    b = memo.get("behind")
-    if b is None:
-        b = memo["behind"] = sched._behind(w.spec)
-    return b  # type: ignore[return-value]
-
-
-def _memo_options(sched: Scheduler, w: Waiting, spare: int) -> dict[int, float]:
-    memo = _fresh_memo(sched, w)
     key = ("options", spare if w.spec.key_demand.elastic else 0)
     o = memo.get(key)
     if o is None:

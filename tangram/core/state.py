@@ -19,7 +19,7 @@ class Waiting:
     deadline: float | None
     status: Status = ADMITTED
     need: int = 0  # the policy's minimum units, fixed at submission
-    # per-pass views (options, ApproxACTs entry) memoised on the T_ori they were built from
+    # the CPU pass's unit options, memoised on the T_ori they were built from
     memo: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
 
 

@@ -132,7 +132,7 @@ class Engine:
             per_size = tuple(
                 (k, int(g.model_gb * MIB_PER_GB / k), self.spec.restore_s(g.model_gb, k)) for k in g.chunk_sizes
             )
-            _, mem, load = per_size[0]
+            _, mem, load = min(per_size)  # the defaults: the smallest chunk
             self._feed(ev.ServiceDefined(name, mem, g.chunk_sizes, load, per_size=per_size))
         for a in self.workload.all_apis():
             self._feed(ev.ApiDefined(a.name, a.mode, a.limit, a.period_s))

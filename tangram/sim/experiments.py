@@ -203,9 +203,9 @@ def fig9(
     """Elastic DoP (tangram) vs fixed DoP 16 on coding: across batch sizes on the cluster,
     and at batch ``at_batch`` across CPU pool sizes (the contention the paper credits)."""
     base = spec or ClusterSpec()
-    rows, ours = [], {}
+    rows, ours, pairs = [], {}, {}
     for b in batches:
-        pair = {}
+        pair = pairs[b] = {}
         for p in ("tangram", "fixed-dop:16"):
             note(f"fig9 coding batch {b} {p}")
             pair[p] = run_one("coding", p, b, seed, base)
@@ -215,8 +215,11 @@ def fig9(
     for n in cpu_nodes:
         pair = {}
         for p in ("tangram", "fixed-dop:16"):
-            note(f"fig9 coding batch {at_batch} {p} on {n} CPU nodes")
-            r = run_one("coding", p, at_batch, seed, replace(base, cpu_nodes=n))
+            if n == base.cpu_nodes and at_batch in pairs:  # already run on the base pool
+                r = dict(pairs[at_batch][p])
+            else:
+                note(f"fig9 coding batch {at_batch} {p} on {n} CPU nodes")
+                r = run_one("coding", p, at_batch, seed, replace(base, cpu_nodes=n))
             r["cpu_nodes"] = n
             pair[p] = r
             sweep.append(r)

@@ -40,17 +40,15 @@ class ServiceInfo:
 
     def mem(self, size: int) -> int:
         """Memory per GPU of an instance on ``size`` GPUs."""
-        for s, mem, _ in self.per_size:
-            if s == size:
-                return mem
-        return self.gpu_mem_mib
+        return self._on(size)[1]
 
     def load(self, size: int) -> float:
         """Restore time of an instance on ``size`` GPUs."""
-        for s, _, load in self.per_size:
-            if s == size:
-                return load
-        return self.load_s
+        return self._on(size)[2]
+
+    def _on(self, size: int) -> tuple[int, int, float]:
+        """(size, memory per GPU, restore time): the override for ``size`` or the defaults."""
+        return next((o for o in self.per_size if o[0] == size), (size, self.gpu_mem_mib, self.load_s))
 
 
 Instance = tuple[str, int, int]  # (service, start, size)
