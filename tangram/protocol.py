@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 0
+PROTOCOL_MINOR = 1
 TAG = b"TGR%d" % PROTOCOL_MAJOR
 _TAG_PREFIX = b"TGR"
 
@@ -157,10 +157,12 @@ def _check_bool(value: object, path: str) -> object:
 
 
 def _int_checker(lo: float, hi: float) -> Checker:
+    low, high = max(lo, INT64_MIN), min(hi, INT64_MAX)
+
     def check(value: object, path: str) -> object:
-        if not isinstance(value, int) or isinstance(value, bool):
+        if type(value) is not int and (not isinstance(value, int) or isinstance(value, bool)):
             raise _fail(path, f"expected int, got {type(value).__name__}")
-        if not (max(lo, INT64_MIN) <= value <= min(hi, INT64_MAX)):
+        if not (low <= value <= high):
             raise _fail(path, f"{_show(value)} is out of range")
         return value
 
@@ -216,7 +218,11 @@ def _literal_checker(choices: tuple[object, ...]) -> Checker:
 
 
 def _union_checker(options: list[Checker]) -> Checker:
+    nullable = _check_none in options
+
     def check(value: object, path: str) -> object:
+        if value is None and nullable:  # `X | None` with None: no failed try of X first
+            return None
         first: ProtocolError | None = None
         for option in options:
             try:
@@ -235,7 +241,10 @@ def _list_checker(item: Checker, max_items: int) -> Checker:
             raise _fail(path, f"expected list, got {type(value).__name__}")
         if len(value) > max_items:
             raise _fail(path, f"more than {max_items} items")
-        return [item(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        try:
+            return [item(v, path) for v in value]
+        except ProtocolError:  # check again with each item's path, for the message (cold path)
+            return [item(v, f"{path}[{i}]") for i, v in enumerate(value)]
 
     return check
 
@@ -246,10 +255,10 @@ def _dict_checker(key: Checker, val: Checker, max_items: int) -> Checker:
             raise _fail(path, f"expected map, got {type(value).__name__}")
         if len(value) > max_items:
             raise _fail(path, f"more than {max_items} entries")
-        out: dict[str, object] = {}
-        for k, v in value.items():
-            out[str(key(k, f"{path} key"))] = val(v, f"{path}[{_show(k)}]")
-        return out
+        try:
+            return {str(key(k, path)): val(v, path) for k, v in value.items()}
+        except ProtocolError:  # check again with each entry's path, for the message (cold path)
+            return {str(key(k, f"{path} key")): val(v, f"{path}[{_show(k)}]") for k, v in value.items()}
 
     return check
 
@@ -261,6 +270,44 @@ _finite_check = _float_checker(-math.inf, math.inf)
 
 
 def _check_json(value: object, path: str, depth: int = 0) -> object:
+    """A free-form value, normalised (tuples become lists). Paths are built only on failure."""
+    try:
+        return _json_fast(value, depth)
+    except ProtocolError:
+        return _json_slow(value, path, depth)
+
+
+def _json_fast(value: object, depth: int) -> object:
+    if value is None or value is True or value is False:
+        return value
+    kind = type(value)
+    if kind is str:
+        if len(value) > MAX_TEXT or "\x00" in value:  # type: ignore[arg-type, operator]
+            raise _fail("", "bad text")
+        return value
+    if kind is int:
+        if not INT64_MIN <= value <= INT64_MAX:  # type: ignore[operator]
+            raise _fail("", "out of range")
+        return value
+    if kind is float:
+        if not math.isfinite(value):  # type: ignore[arg-type]
+            raise _fail("", "not finite")
+        return value
+    if depth >= MAX_DEPTH:
+        raise _fail("", "too deep")
+    if kind is dict:
+        out = {}
+        for k, v in value.items():  # type: ignore[attr-defined]
+            if type(k) is not str or len(k) > MAX_KEY or "\x00" in k:
+                raise _fail("", "bad key")
+            out[k] = _json_fast(v, depth + 1)
+        return out
+    if kind is list or kind is tuple:
+        return [_json_fast(v, depth + 1) for v in value]  # type: ignore[attr-defined]
+    raise _fail("", "slow path")  # subclasses and everything else: the exact checks below
+
+
+def _json_slow(value: object, path: str, depth: int = 0) -> object:
     if depth > MAX_DEPTH:
         raise _fail(path, f"nested deeper than {MAX_DEPTH}")
     if value is None or isinstance(value, bool):
@@ -272,10 +319,10 @@ def _check_json(value: object, path: str, depth: int = 0) -> object:
     if isinstance(value, str):
         return _text_check(value, path)
     if isinstance(value, (list, tuple)):
-        return [_check_json(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+        return [_json_slow(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, dict):
         return {
-            str(_key_check(k, f"{path} key")): _check_json(v, f"{path}[{_show(k)}]", depth + 1)
+            str(_key_check(k, f"{path} key")): _json_slow(v, f"{path}[{_show(k)}]", depth + 1)
             for k, v in value.items()
         }
     raise _fail(path, f"{type(value).__name__} is not allowed in a body (bytes go in blobs)")
@@ -334,6 +381,7 @@ class Message:
     _required: ClassVar[tuple[str, ...]] = ()  # fields of protocol 1.0 without a default; frozen
     _min_blobs: ClassVar[int] = 0
     _checkers: ClassVar[dict[str, Checker]]
+    _fields: ClassVar[tuple[tuple[str, Checker, str, bool], ...]]
 
     def _problem(self) -> str | None:
         """A cross-field rule the message breaks, or None."""
@@ -352,6 +400,9 @@ def _register(code: int, name: str) -> Callable[[M], M]:
         hints = get_type_hints(cls, include_extras=True)
         cls.TYPE, cls.NAME = code, name
         cls._checkers = {f.name: _compile(hints[f.name]) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        cls._fields = tuple(  # (name, checker, path for errors, required)
+            (n, c, f"{cls.__name__}.{n}", n in cls._required) for n, c in cls._checkers.items()
+        )
         _BY_CODE[code] = cls
         return cls
 
@@ -390,6 +441,7 @@ class Welcome(Message):
     controller_epoch: Count
     agent_epoch: Count = 0
     heartbeat_s: Annotated[float, Range(0.01, 3600)] = 1.0
+    max_outstanding: Count = 0  # 1.1: the per-client cap on unanswered requests (0: not said)
 
 
 @_register(0x03, "REJECT")
@@ -714,11 +766,11 @@ def _validate(
     cls: type[Message], values: Mapping[str, object], present: Callable[[str], bool]
 ) -> dict[str, object]:
     out: dict[str, object] = {}
-    for name, check in cls._checkers.items():
+    for name, check, path, required in cls._fields:
         if present(name):
-            out[name] = check(values[name], f"{cls.__name__}.{name}")
-        elif name in cls._required:
-            raise _fail(f"{cls.__name__}.{name}", "missing")
+            out[name] = check(values[name], path)
+        elif required:
+            raise _fail(path, "missing")
     return out
 
 
@@ -740,13 +792,19 @@ def encode(msg: Message, request_id: int, blobs: Sequence[bytes] = ()) -> list[b
         raise TypeError(f"{cls.__name__} is not a registered message type")
     if isinstance(request_id, bool) or not isinstance(request_id, int) or not 0 <= request_id <= INT64_MAX:
         raise _fail("request_id", f"{_show(request_id)} is not an int in [0, 2**63)")
-    values = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}  # type: ignore[arg-type]
-    normal = _validate(cls, values, lambda name: True)
-    _build(cls, normal)
+    values = {name: getattr(msg, name) for name in cls._checkers}
+    normal = _validate(cls, values, _always)
+    problem = msg._problem()  # the cross-field rules decode applies (the fields were checked above)
+    if problem is not None:
+        raise _fail(cls.__name__, problem)
     body = msgpack.packb(normal, use_bin_type=True)
     frames = [TAG, bytes((cls.TYPE,)), _HEADER.pack(request_id), body, *(bytes(b) for b in blobs)]
     _check_sizes(cls, frames)
     return frames
+
+
+def _always(name: str) -> bool:
+    return True
 
 
 def _check_sizes(cls: type[Message], frames: Sequence[bytes]) -> None:

@@ -28,6 +28,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import random
@@ -59,7 +60,11 @@ GRACE_S = 5.0  # how much longer than the budget the client waits for the contro
 RETRY_BASE_S = 0.05  # RetryLater backoff: the first delay, doubled per try up to RETRY_MAX_S, jittered
 RETRY_MAX_S = 2.0
 # Requests that start new work: a RetryLater refusal did not record their id, so sending again is safe.
+_timeout = getattr(asyncio, "timeout", None)
+
 _NEW_WORK = (protocol.Exec, protocol.Call, protocol.Lease, protocol.SandboxOpen)
+# Requests the controller counts against its per-client cap (gateway `_CAPPED`).
+_CAPPED = (*_NEW_WORK, protocol.Put, protocol.Get)
 
 _UNITS = {
     "": 1 << 20,
@@ -160,6 +165,7 @@ class AsyncClient:
             addr, self.name, heartbeat_s=heartbeat_s, connect_timeout=connect_timeout, curve=curve
         )
         self._connected = False
+        self._window: asyncio.Semaphore | None = None
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> AsyncClient:
@@ -200,6 +206,30 @@ class AsyncClient:
     ) -> protocol.Envelope:
         if not self._connected:
             raise ControllerUnreachable("the client is not connected: use `async with AsyncClient(...)`")
+        if isinstance(msg, _CAPPED):
+            async with self._slot():
+                return await self._retrying(msg, blobs, timeout, idempotent, cancellable)
+        return await self._retrying(msg, blobs, timeout, idempotent, cancellable)
+
+    def _slot(self) -> asyncio.Semaphore | contextlib.nullcontext[None]:
+        """Flow control: at most the controller's per-client cap (its Welcome says it) of requests
+        that start work are unanswered at once; the rest wait here, in the client, instead of
+        being refused with RetryLater."""
+        cap = self._transport.max_outstanding
+        if cap <= 0:
+            return contextlib.nullcontext()
+        if self._window is None:
+            self._window = asyncio.Semaphore(cap)
+        return self._window
+
+    async def _retrying(
+        self,
+        msg: protocol.Message,
+        blobs: list[bytes] | tuple[bytes, ...],
+        timeout: float | None,
+        idempotent: bool,
+        cancellable: bool,
+    ) -> protocol.Envelope:
         retry = idempotent or isinstance(msg, _NEW_WORK)
         start = time.monotonic()
         window = timeout if timeout is not None else self.retry_later_s
@@ -235,6 +265,11 @@ class AsyncClient:
             raise BadRequest(str(exc)) from None
         wait = None if timeout is None else timeout + GRACE_S
         try:
+            if wait is None:
+                return await asyncio.shield(pending.final)
+            if _timeout is not None:  # 3.11+: one timer handle, no extra task
+                async with _timeout(wait):
+                    return await asyncio.shield(pending.final)
             return await asyncio.wait_for(asyncio.shield(pending.final), wait)
         except TimeoutError:
             self._cancel(pending)

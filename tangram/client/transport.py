@@ -3,20 +3,26 @@
 - `request(msg, blobs)` sends a request with a fresh request id and returns a `Pending` whose
   `accepted` future resolves on `Accepted` and whose `final` future resolves with the `Result`
   envelope or fails with the typed error of the `Error` reply.
+- Sends go straight to libzmq (non-blocking, through the socket's synchronous shadow); frames
+  it cannot take yet wait in order. Receives come from one loop reader on the socket's
+  descriptor that drains every ready reply per wake-up: no future per message.
 - The routing identity is a random 16 bytes chosen once per transport, so a reconnect (libzmq
   reconnects by itself) reaches the same client state on the controller.
 - Heartbeats: a `Heartbeat` after `heartbeat_s` without sending; the controller answers each.
   Silence for 3 intervals marks the link down; when traffic returns, the transport says
-  `Hello` again and resends every pending request with its original id. The controller's reply
-  cache makes that safe (a resent request joins its action or replays its result). If the
-  controller restarted (another `controller_epoch`), pending requests that are not
-  idempotent fail with `NodeLost` instead of being run a second time.
+  `Hello` again. Pending requests are resent (with their original ids) only when something
+  may have lost them: libzmq reported a disconnect since the last Welcome, or the controller
+  restarted (another `controller_epoch`). A slow controller on an unbroken link has every
+  request already (TCP), so nothing is resent. The controller's reply cache makes a resend
+  safe (it joins its action or replays its result). After a restart, pending requests that
+  are not idempotent fail with `NodeLost` instead of being run a second time.
 - Depends only on pyzmq, msgpack and tangram.protocol / tangram.errors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -62,9 +68,16 @@ class Transport:
         self.connect_timeout = connect_timeout
         self.identity = secrets.token_bytes(16)
         self.epoch: int | None = None
+        self.max_outstanding = 0  # the controller's per-client cap (Welcome); 0: not said
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
-        self._out: asyncio.Queue[list[bytes]] = asyncio.Queue()
+        self._out: collections.deque[list[bytes]] = collections.deque()  # frames libzmq could not take yet
+        self._sync: zmq.Socket | None = None  # the socket's synchronous shadow: sends and receives
+        self._monitor: zmq.asyncio.Socket | None = None  # disconnect events: resend after a lost link
+        self._disconnected = False  # a disconnect was seen since the last Welcome
+        self._poked = False
+        self.resent = 0  # requests sent again after a lost link or a new controller
+        self.stray_replies = 0  # final replies for no pending request (a duplicate, or after a cancel)
         self._pending: dict[int, Pending] = {}
         self._rid = int.from_bytes(secrets.token_bytes(4), "big") << 16  # distinct per transport
         self._task: asyncio.Task[None] | None = None
@@ -96,6 +109,8 @@ class Transport:
             sock.close(0)
             raise ControllerUnreachable(f"bad controller address {self.addr!r}: {exc}") from None
         self._sock = sock
+        self._sync = getattr(sock, "_shadow_sock", sock)
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._task = asyncio.ensure_future(self._own())
         self._welcome = asyncio.get_running_loop().create_future()
         self._send_hello()
@@ -118,6 +133,7 @@ class Transport:
             raise
         self.epoch = welcome.controller_epoch
         self.heartbeat_s = min(self.heartbeat_s, welcome.heartbeat_s)
+        self.max_outstanding = welcome.max_outstanding
 
     async def close(self) -> None:
         if self._closed:
@@ -139,6 +155,10 @@ class Transport:
                     await asyncio.wait_for(
                         self._sock.send_multipart(protocol.encode(protocol.Bye("close"), 0)), 0.2
                     )
+            if self._monitor is not None:
+                with contextlib.suppress(Exception):
+                    self._sock.disable_monitor()
+                self._monitor.close(0)
             self._sock.close(0)
         if self._ctx is not None:
             self._ctx.term()
@@ -166,20 +186,20 @@ class Transport:
         pending = Pending(rid, frames, idempotent, loop.create_future(), loop.create_future())
         pending.accepted.add_done_callback(_retrieve)
         self._pending[rid] = pending
-        self._out.put_nowait(frames)
+        self._send(frames)
         return pending
 
     def send_raw(self, msg: protocol.Message, request_id: int = 0) -> None:
         """Fire and forget (Cancel, Heartbeat)."""
         if not self._closed:
-            self._out.put_nowait(protocol.encode(msg, request_id))
+            self._send(protocol.encode(msg, request_id))
 
     def forget(self, request_id: int) -> None:
         self._pending.pop(request_id, None)
 
     def _send_hello(self) -> None:
         self._hello_rid = self._next_rid()
-        self._out.put_nowait(
+        self._send(
             protocol.encode(
                 protocol.Hello("client", self.name, protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR),
                 self._hello_rid,
@@ -187,47 +207,84 @@ class Transport:
         )
 
     # ------------------------------------------------------------ the owner task
+    def _send(self, frames: list[bytes]) -> None:
+        """Hand frames to libzmq now; what it cannot take (high-water mark) waits in order."""
+        if self._out or self._sync is None:
+            self._out.append(frames)
+        else:
+            try:
+                self._sync.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                self._out.append(frames)
+        self._last_sent = time.monotonic()
+        self._poke()
+
+    def _poke(self) -> None:
+        """Service the socket on the next loop iteration (its descriptor is edge-triggered: a send
+        may consume the signal of a message that arrived meanwhile)."""
+        if not self._poked and not self._closed:
+            self._poked = True
+            asyncio.get_running_loop().call_soon(self._service)
+
+    def _service(self) -> None:
+        self._poked = False
+        sync = self._sync
+        if sync is None or self._closed:
+            return
+        while self._out:
+            try:
+                sync.send_multipart(self._out[0], zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except zmq.ZMQError:
+                return
+            self._out.popleft()
+        for _ in range(256):
+            try:
+                frames = sync.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return
+            self._on_frames(frames)
+        self._poke()  # more to read: after the loop ran the callbacks this batch resolved
+
     async def _own(self) -> None:
-        assert self._sock is not None
-        sock = self._sock
-        recv: asyncio.Future[list[bytes]] | None = None
-        get: asyncio.Future[list[bytes]] | None = None
+        """Reader on the socket's descriptor, heartbeats and disconnect events, until closed."""
+        assert self._sync is not None
+        loop = asyncio.get_running_loop()
+        fd = self._sync.FD
+        loop.add_reader(fd, self._poke)
+        self._poke()
         try:
             while True:
-                if recv is None:
-                    recv = asyncio.ensure_future(sock.recv_multipart())
-                if get is None:
-                    get = asyncio.ensure_future(self._out.get())
-                done, _ = await asyncio.wait(
-                    {recv, get}, timeout=self.heartbeat_s / 2, return_when=asyncio.FIRST_COMPLETED
-                )
-                if get in done:
-                    frames = get.result()
-                    get = None
-                    await sock.send_multipart(frames)
-                    self._last_sent = time.monotonic()
-                    while not self._out.empty():
-                        await sock.send_multipart(self._out.get_nowait())
-                if recv in done:
-                    frames = recv.result()
-                    recv = None
-                    self._on_frames(frames)
+                await self._watch(self.heartbeat_s / 2)
                 self._tick()
+                self._poke()
         finally:
-            for fut in (recv, get):
-                if fut is not None:
-                    fut.cancel()
+            loop.remove_reader(fd)
+
+    async def _watch(self, seconds: float) -> None:
+        """Wait `seconds`, noting libzmq's disconnect events (a request sent before a lost link may
+        never have reached the controller, so it is resent on the next Welcome)."""
+        mon = self._monitor
+        if mon is None:
+            await asyncio.sleep(seconds)
+            return
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await asyncio.wait_for(mon.recv_multipart(), seconds)
+            self._disconnected = True
+            self._down = True  # the next frame from a controller makes the transport say Hello again
+            while True:  # the rest of a burst of events
+                await asyncio.wait_for(mon.recv_multipart(), 0)
 
     def _tick(self) -> None:
         now = time.monotonic()
         if now - self._last_sent >= self.heartbeat_s:
-            self._last_sent = now
-            self._out.put_nowait(protocol.encode(protocol.Heartbeat(), 0))
+            self._send(protocol.encode(protocol.Heartbeat(), 0))
         if not self._down and now - self._last_recv > 3 * self.heartbeat_s:
             self._down = True
             log.warning("controller %s silent for %.1fs", self.addr, now - self._last_recv)
-        if self._down and now - self._last_recv > 3 * self.heartbeat_s and now - self._last_sent >= 0:
-            pass  # libzmq keeps reconnecting; heartbeats above probe the link
 
     def _on_frames(self, frames: list[bytes]) -> None:
         self._last_recv = time.monotonic()
@@ -253,6 +310,8 @@ class Transport:
             return
         pending = self._pending.get(env.request_id)
         if pending is None:
+            if isinstance(msg, (protocol.Result, protocol.Error)) and env.request_id != self._hello_rid:
+                self.stray_replies += 1  # a second final, or one for a request given up on
             return
         if isinstance(msg, protocol.Accepted):
             if not pending.accepted.done():
@@ -274,6 +333,9 @@ class Transport:
             return
         restarted = self.epoch is not None and msg.controller_epoch != self.epoch
         self.epoch = msg.controller_epoch
+        lost, self._disconnected = self._disconnected, False
+        if not restarted and not lost:
+            return  # the same controller over an unbroken link: it has every request (TCP), none resent
         for rid, p in list(self._pending.items()):
             if restarted and not p.idempotent:
                 self._pending.pop(rid, None)
@@ -284,7 +346,8 @@ class Transport:
                         )
                     )
                     continue
-            self._out.put_nowait(p.frames)
+            self.resent += 1
+            self._send(p.frames)
 
 
 def _retrieve(fut: asyncio.Future[None]) -> None:

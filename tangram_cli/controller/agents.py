@@ -38,11 +38,13 @@ from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.errors import NodeLost, ProtocolError, SandboxLost
 from tangram_cli.controller.config import ControllerConfig
-from tangram_cli.controller.state import ActionRecord, Outcome, Registry, encode_to, send_now
+from tangram_cli.controller.state import ActionRecord, Outcome, Registry, encode_to
+from tangram_cli.controller.wire import send_now, serve, shadow
 
 log = logging.getLogger("tangram.controller.agents")
 
 Post = Callable[..., None]
+Reply = Callable[[protocol.Envelope | BaseException], None]  # an agent's reply, or NodeLost
 
 
 @dataclass
@@ -57,7 +59,7 @@ class Agent:
     state: str = "up"  # up | lost | down (said Bye)
     reason: str = ""
     load: dict[str, Any] = field(default_factory=dict)
-    pending: dict[int, tuple[str, asyncio.Future[protocol.Envelope]]] = field(default_factory=dict)
+    pending: dict[int, tuple[str, Reply]] = field(default_factory=dict)  # request id -> (kind, on_reply)
     gpu_tail: asyncio.Future[None] | None = None
     restarts: int = 0
 
@@ -131,6 +133,8 @@ class AgentLink:
             "bad_frames": 0,
             "rejected_hellos": 0,
             "impostor_frames": 0,
+            "agents_lost": 0,  # agents declared lost or gone (silence, restart, bye)
+            "liveness_deferred": 0,  # liveness rounds that judged nobody: unread messages or a late wake-up
         }
         # CURVE: (routing identity, User-Id) -> whether that key belongs to that node; None: plain TCP
         self.peer_check: Callable[[bytes, str], bool] | None = None
@@ -164,33 +168,48 @@ class AgentLink:
         """Send `msg` to `node`; the future resolves with the agent's reply envelope (Result or
         Error) or fails with NodeLost."""
         fut: asyncio.Future[protocol.Envelope] = asyncio.get_running_loop().create_future()
+
+        def settle(reply: protocol.Envelope | BaseException) -> None:
+            if fut.done():
+                return
+            if isinstance(reply, BaseException):
+                fut.set_exception(reply)
+            else:
+                fut.set_result(reply)
+
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # callers may not wait
+        self.send_request(node, msg, blobs, settle)
+        return fut
+
+    def send_request(
+        self, node: str, msg: protocol.Message, blobs: tuple[bytes, ...] | list[bytes], on_reply: Reply
+    ) -> None:
+        """Send `msg` to `node`; `on_reply` gets the agent's reply envelope (Result or Error) or a
+        NodeLost exception, exactly once. No future or task: the dispatch hot path."""
         agent = self.agents.get(node)
         if agent is None or not agent.live:
-            fut.set_exception(NodeLost(f"node {node} is not connected"))
-            return fut
+            on_reply(NodeLost(f"node {node} is not connected"))
+            return
         rid = self._next_rid()
-        agent.pending[rid] = (msg.NAME, fut)
+        agent.pending[rid] = (msg.NAME, on_reply)
         if not self._send(agent, msg, rid, blobs):
             agent.pending.pop(rid, None)
-            fut.set_exception(NodeLost(f"node {node}: message could not be delivered"))
-        return fut
+            on_reply(NodeLost(f"node {node}: message could not be delivered"))
 
     # ------------------------------------------------------------ receive
     async def run(self) -> None:
-        while True:
-            if self.peer_check is None:
-                frames = await self.sock.recv_multipart()
-            else:
-                raw = await self.sock.recv_multipart(copy=False)
-                frames = [f.bytes for f in raw]
-                user = raw[-1].get("User-Id") if len(raw) > 1 else ""
-                if not self.peer_check(frames[0], user):
-                    self._impostor(frames[0], user)
-                    continue
-            try:
-                self._on_frames(frames)
-            except Exception:
-                log.exception("agent message handling failed")
+        if self.peer_check is None:
+            await serve(self.sock, self._on_frames)
+        else:
+            await serve(self.sock, self._on_checked, copy=False)
+
+    def _on_checked(self, raw: list[Any]) -> None:
+        frames = [f.bytes for f in raw]
+        user = raw[-1].get("User-Id") if len(raw) > 1 else ""
+        if not self.peer_check(frames[0], user):  # type: ignore[misc]
+            self._impostor(frames[0], user)
+            return
+        self._on_frames(frames)
 
     def _impostor(self, ident: bytes, user: str) -> None:
         """A message whose CURVE key is not the key of the node it claims to be: dropped."""
@@ -245,12 +264,11 @@ class AgentLink:
         if entry is None:
             self.counters["stale_replies"] += 1
             return
-        kind, fut = entry
+        kind, on_reply = entry
         if isinstance(env.msg, protocol.Ack) and kind not in ("KILL", "SHUTDOWN"):
             return  # a dispatch acknowledgement; the Result follows
         agent.pending.pop(env.request_id, None)
-        if not fut.done():
-            fut.set_result(env)
+        on_reply(env)
 
     def _on_hello(self, ident: bytes, rid: int, hello: protocol.Hello) -> None:
         def reject(reason: str) -> None:
@@ -319,16 +337,26 @@ class AgentLink:
 
     # ------------------------------------------------------------ liveness
     async def liveness(self) -> None:
+        """Heartbeats to agents, and NodeLost for an agent silent for 3 intervals. Silence is
+        judged only on what the controller has read: while messages wait unread on the agents
+        socket, or right after this task itself woke up late (a busy loop), nobody is declared
+        lost: a busy controller must not drop a healthy agent."""
+        period = min(self.hb / 2, 0.5)
+        sync = shadow(self.sock)
+        expected = time.monotonic() + period
         while True:
-            await asyncio.sleep(min(self.hb / 2, 0.5))
+            await asyncio.sleep(period)
             now = time.monotonic()
+            late, expected = now - expected, now + period
             for agent in list(self.agents.values()):
-                if not agent.live:
-                    continue
-                if now - agent.last_seen > 3 * self.hb:
-                    self._lose(agent, f"no heartbeat for {now - agent.last_seen:.1f}s")
-                elif now - agent.last_sent >= self.hb:
+                if agent.live and now - agent.last_sent >= self.hb:
                     self._send(agent, protocol.Heartbeat())
+            if late > self.hb or sync.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self.counters["liveness_deferred"] += 1
+                continue
+            for agent in list(self.agents.values()):
+                if agent.live and now - agent.last_seen > 3 * self.hb:
+                    self._lose(agent, f"no heartbeat for {now - agent.last_seen:.1f}s")
 
     def _lose(self, agent: Agent, reason: str, state: str = "lost") -> None:
         if not agent.live:
@@ -338,11 +366,13 @@ class AgentLink:
         for rec in self.registry.sandboxes.values():
             if rec.node == agent.name and not rec.closed:
                 rec.lost = True
+        self.counters["agents_lost"] += 1
         pending, agent.pending = agent.pending, {}
-        for _, fut in pending.values():
-            if not fut.done():
-                fut.set_exception(NodeLost(f"node {agent.name}: {reason}"))
-                fut.exception()  # retrieved: callers that stopped waiting do not warn
+        for _, on_reply in pending.values():
+            try:
+                on_reply(NodeLost(f"node {agent.name}: {reason}"))
+            except Exception:  # noqa: BLE001
+                log.exception("reply callback failed")
         self.post(ev.NodeLost(agent.name, reason))
 
     # ------------------------------------------------------------ commands from the core
@@ -378,68 +408,79 @@ class AgentLink:
             rec.ready.set_result(None)
 
     def destroy_sandbox(self, c: cmd.DestroySandbox) -> None:
-        fut = self.request(c.node, protocol.DestroySandbox(c.sandbox))
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.send_request(c.node, protocol.DestroySandbox(c.sandbox), (), _ignore)
 
     def kill(self, c: cmd.Kill) -> None:
         rec = self.registry.actions.get(c.action_id)
         if rec is not None and rec.kind == "call":
             return  # calls end by their own timeout on the agent; nothing to kill
-        fut = self.request(c.node, protocol.Kill(c.action_id, 0, self.epoch))
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.send_request(c.node, protocol.Kill(c.action_id, 0, self.epoch), (), _ignore)
 
     def spawn(self, c: cmd.Spawn, rec: ActionRecord) -> None:
-        self._spawn_task(self._spawn(c, rec))
-
-    async def _spawn(self, c: cmd.Spawn, rec: ActionRecord) -> None:
+        """Send `Spawn` now when the sandbox exists (the hot path: no task, no future); wait for
+        its creation first otherwise."""
         sb = self.registry.sandboxes.get(c.sandbox)
-        try:
-            if sb is not None and sb.ready is not None:
-                await asyncio.shield(sb.ready)
-            if rec.kill_reason:
-                raise asyncio.CancelledError  # killed before it was sent: nothing ran
-            agent = self.agents.get(c.node)
-            timeout_s = max(0.001, rec.deadline - time.monotonic())
-            msg = protocol.Spawn(
-                c.action_id,
-                c.sandbox,
-                rec.cmd,
-                list(c.cores),
-                c.dop,
-                rec.env,
-                timeout_s,
-                1,
-                self.epoch,
-                agent.agent_epoch if agent else 0,
-            )
-            if sb is not None:
-                sb.busy += 1
-            try:
-                env = await self.request(c.node, msg, [rec.stdin] if rec.stdin is not None else [])
-            finally:
-                if sb is not None:
-                    sb.busy -= 1
-        except asyncio.CancelledError:
-            if not rec.kill_reason:
-                raise
-            rec.outcome = Outcome(body={"killed": True})
-            self.post(ev.ActionFinished(c.action_id, ok=False, reason=rec.kill_reason))
+        ready = sb.ready if sb is not None else None
+        if ready is not None and not (ready.done() and not ready.cancelled() and ready.exception() is None):
+            self._spawn_task(self._spawn_when_ready(c, rec, ready))
             return
-        except NodeLost:
-            return  # the core already failed the action (NodeLost event)
-        except SandboxLost as exc:
+        self._send_spawn(c, rec)
+
+    async def _spawn_when_ready(self, c: cmd.Spawn, rec: ActionRecord, ready: asyncio.Future[None]) -> None:
+        try:
+            await asyncio.shield(ready)
+        except (SandboxLost, NodeLost) as exc:
+            if isinstance(exc, NodeLost):
+                return  # the core already failed the action (NodeLost event)
             rec.outcome = Outcome(error=protocol.Error.from_exception(exc))
             self.post(ev.ActionFinished(c.action_id, ok=False, reason="sandbox lost"))
             return
-        if isinstance(env.msg, protocol.Error):
-            rec.outcome = Outcome(error=env.msg)
-            self.post(ev.ActionFinished(c.action_id, ok=False, reason=env.msg.code))
+        self._send_spawn(c, rec)
+
+    def _send_spawn(self, c: cmd.Spawn, rec: ActionRecord) -> None:
+        if rec.kill_reason:  # killed before it was sent: nothing ran
+            rec.outcome = Outcome(body={"killed": True})
+            self.post(ev.ActionFinished(c.action_id, ok=False, reason=rec.kill_reason))
             return
-        assert isinstance(env.msg, protocol.Result)
-        body = dict(env.msg.body)
-        rec.outcome = Outcome(body=body, blobs=env.blobs)
+        agent = self.agents.get(c.node)
+        sb = self.registry.sandboxes.get(c.sandbox)
+        msg = protocol.Spawn(
+            c.action_id,
+            c.sandbox,
+            rec.cmd,
+            list(c.cores),
+            c.dop,
+            rec.env,
+            max(0.001, rec.deadline - time.monotonic()),
+            1,
+            self.epoch,
+            agent.agent_epoch if agent else 0,
+        )
+        if sb is not None:
+            sb.busy += 1
+
+        def on_reply(reply: protocol.Envelope | BaseException) -> None:
+            if sb is not None:
+                sb.busy -= 1
+            self._spawn_ended(c.action_id, rec, reply)
+
+        self.send_request(c.node, msg, [rec.stdin] if rec.stdin is not None else [], on_reply)
+
+    def _spawn_ended(self, action_id: str, rec: ActionRecord, reply: protocol.Envelope | BaseException) -> None:
+        if isinstance(reply, NodeLost):
+            return  # the core already failed the action (NodeLost event)
+        if isinstance(reply, BaseException):
+            rec.outcome = Outcome(error=protocol.Error.from_exception(reply))
+            self.post(ev.ActionFinished(action_id, ok=False, reason=type(reply).__name__))
+            return
+        if isinstance(reply.msg, protocol.Error):
+            rec.outcome = Outcome(error=reply.msg)
+            self.post(ev.ActionFinished(action_id, ok=False, reason=reply.msg.code))
+            return
+        body = dict(reply.msg.body)  # type: ignore[union-attr]
+        rec.outcome = Outcome(body=body, blobs=reply.blobs)
         ok = not (body.get("killed") or body.get("timed_out"))
-        self.post(ev.ActionFinished(c.action_id, ok=ok, reason=f"exit {body.get('exit_code')}"))
+        self.post(ev.ActionFinished(action_id, ok=ok, reason=f"exit {body.get('exit_code')}"))
 
     # ------------------------------------------------------------ GPU commands
     def _chain(self, node: str, coro_fn: Callable[[], Any]) -> asyncio.Future[None]:
@@ -583,6 +624,10 @@ class AgentLink:
                 }
             )
         return out
+
+
+def _ignore(reply: protocol.Envelope | BaseException) -> None:
+    """For fire-and-forget requests (Kill, DestroySandbox): the outcome changes nothing here."""
 
 
 def new_epoch() -> int:

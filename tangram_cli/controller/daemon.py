@@ -180,7 +180,7 @@ class Controller:
 
     # ------------------------------------------------------------ status
     def _records(self, sections: list[str], limit: int) -> dict[str, Any]:
-        counters = {**self.gateway.counters, **self.agents.counters}
+        counters = {**self.gateway.counters, **self.agents.counters, "driver_yields": self.driver.yields}
         return build_records(
             self.core,
             sections=sections,
@@ -197,6 +197,7 @@ class Controller:
             wait_p50=self.registry.wait_p50(),
             loop_lag_s=round(self.driver.loop_lag_s, 6),
             events=self.driver.handled,
+            decide=self.driver.decide.quantiles(),
             services_conf=list(self.config.services),
         )
 

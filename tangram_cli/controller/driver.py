@@ -32,6 +32,8 @@ __all__ = ["Driver", "LiveJournal", "NullJournal", "WallClock", "open_journal"]
 
 log = logging.getLogger("tangram.controller.driver")
 
+SLICE_S = 0.02  # the longest the driver handles queued events before it lets the loop run
+
 After = Callable[[list[Command] | None], None]  # None: the core raised (answer INTERNAL)
 Dispatch = Callable[[ev.Event, list[Command]], None]
 
@@ -72,6 +74,29 @@ def open_journal(path: str | None, cluster: str) -> Journal:
     return LiveJournal(path, driver="controller", cluster=cluster, clock="wall")
 
 
+class LatencyWindow:
+    """The last `size` samples of a duration, for p50/p99 in status (O(1) per sample)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.samples: list[float] = []
+        self.size = size
+        self._next = 0
+
+    def add(self, seconds: float) -> None:
+        if len(self.samples) < self.size:
+            self.samples.append(seconds)
+        else:
+            self.samples[self._next] = seconds
+            self._next = (self._next + 1) % self.size
+
+    def quantiles(self) -> dict[str, float | None]:
+        if not self.samples:
+            return {"p50_ms": None, "p99_ms": None, "max_ms": None, "n": 0}
+        ordered = sorted(self.samples)
+        pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 4)  # noqa: E731
+        return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": round(ordered[-1] * 1e3, 4), "n": len(ordered)}
+
+
 class Driver:
     def __init__(self, core: Scheduler, clock: WallClock, journal: Journal, dispatch: Dispatch) -> None:
         self.core = core
@@ -81,6 +106,8 @@ class Driver:
         self.inbox: asyncio.Queue[tuple[ev.Event, After | None]] = asyncio.Queue()
         self.handled = 0
         self.loop_lag_s = 0.0  # longest single handle+dispatch, for status
+        self.yields = 0  # times a long drain gave the loop back (SLICE_S)
+        self.decide = LatencyWindow()  # core.handle times (s), for status p50/p99
 
     def post(self, event: ev.Event, after: After | None = None) -> None:
         self.inbox.put_nowait((event, after))
@@ -95,6 +122,7 @@ class Driver:
             if after is not None:
                 after(None)
             raise
+        self.decide.add(time.monotonic() - started)
         self.handled += 1
         try:
             self.journal.append(now, event, commands)
@@ -129,13 +157,19 @@ class Driver:
                     self.step(event, after)
                 except Exception:
                     log.exception("core.handle failed for %r", event)
-                # drain whatever is already queued before sleeping again
+                # drain whatever is already queued before sleeping again, but give the loop back
+                # every SLICE_S so sockets, heartbeats and status keep being served during a burst
+                slice_end = time.monotonic() + SLICE_S
                 while getter is None and not self.inbox.empty():
                     event, after = self.inbox.get_nowait()
                     try:
                         self.step(event, after)
                     except Exception:
                         log.exception("core.handle failed for %r", event)
+                    if time.monotonic() >= slice_end:
+                        self.yields += 1
+                        await asyncio.sleep(0)
+                        slice_end = time.monotonic() + SLICE_S
         finally:
             if getter is not None:
                 getter.cancel()

@@ -48,7 +48,8 @@ from tangram.core.resources import CPU, GPU, Demand, api_resource
 from tangram.errors import BadRequest, InternalError, NodeLost, ProtocolError, SandboxLost, TangramError
 from tangram_cli.controller.agents import AgentLink
 from tangram_cli.controller.config import ControllerConfig
-from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord, encode_to, send_now
+from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord, encode_to
+from tangram_cli.controller.wire import send_now, serve, shadow
 
 log = logging.getLogger("tangram.controller.gateway")
 
@@ -255,15 +256,16 @@ class Gateway:
 
     # ------------------------------------------------------------ receive
     async def run(self) -> None:
-        while True:
-            frames = await self.sock.recv_multipart()
-            try:
-                self._on_frames(frames)
-            except Exception as exc:
-                log.exception("request handling failed")
-                if len(frames) >= 4 and len(frames[3]) == 8:
-                    rid = int.from_bytes(frames[3], "big") & ((1 << 63) - 1)
-                    self.fail(frames[0], rid, InternalError(f"controller error ({type(exc).__name__})"))
+        await serve(self.sock, self._on_message)
+
+    def _on_message(self, frames: list[bytes]) -> None:
+        try:
+            self._on_frames(frames)
+        except Exception as exc:
+            log.exception("request handling failed")
+            if len(frames) >= 4 and len(frames[3]) == 8:
+                rid = int.from_bytes(frames[3], "big") & ((1 << 63) - 1)
+                self.fail(frames[0], rid, InternalError(f"controller error ({type(exc).__name__})"))
 
     def _on_frames(self, frames: list[bytes]) -> None:
         if len(frames) < 2:
@@ -299,7 +301,12 @@ class Gateway:
             self._send(
                 ident,
                 protocol.Welcome(
-                    protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR, self.epoch, 0, self.config.heartbeat_s
+                    protocol.PROTOCOL_MAJOR,
+                    protocol.PROTOCOL_MINOR,
+                    self.epoch,
+                    0,
+                    self.config.heartbeat_s,
+                    self.config.max_outstanding_per_client,
                 ),
                 rid,
             )
@@ -731,8 +738,9 @@ class Gateway:
         while True:
             await asyncio.sleep(max(0.05, min(1.0, grace / 4)))
             now = time.monotonic()
+            unread = shadow(self.sock).getsockopt(zmq.EVENTS) & zmq.POLLIN  # judge only what was read
             for ident, client in list(self.clients.items()):
-                if now - client.last_seen > grace:
+                if not unread and now - client.last_seen > grace:
                     self._client_gone(client, f"silent for {now - client.last_seen:.1f}s")
             for ident in list(self.outbox):
                 self._flush(ident)

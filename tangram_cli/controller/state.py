@@ -163,23 +163,6 @@ def make_router(
     return sock, int(endpoint.rsplit(":", 1)[1])
 
 
-def send_now(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
-    """Send without waiting; False when the peer is unknown or its queue is full (counted, dropped)."""
-    try:
-        fut = sock.send_multipart(frames, flags=zmq.NOBLOCK)
-    except zmq.ZMQError as exc:
-        log.debug("send failed: %s", exc)
-        return False
-    if fut.done():
-        exc2 = fut.exception()
-        if exc2 is not None:
-            log.debug("send failed: %s", exc2)
-            return False
-        return True
-    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-    return True
-
-
 def encode_to(
     ident: bytes, msg: protocol.Message, request_id: int, blobs: tuple[bytes, ...] | list[bytes] = ()
 ) -> list[bytes]:

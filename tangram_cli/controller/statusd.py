@@ -6,7 +6,8 @@
   `address` (the bound host), `addresses` ({agents, submit, status} endpoints), `agents_up`, `agents_total`,
   `clients`, `sandboxes`, `queue` (waiting actions), `running`, `wait_p50_s` (median queueing
   delay of the last 1000 started actions, null before any), `loop_lag_s`, `events`
-  (events handled), `counters` (core counters plus gateway/link counters).
+  (events handled), `decide` (`p50_ms`, `p99_ms`, `max_ms`, `n`: the core's decision time per event
+  over the last 4096 events), `counters` (core counters plus gateway/link counters).
 - `nodes`: one row per node: `node`, `state` (sinfo words: idle | mix | alloc | down, `down*` when
   the agent stopped heartbeating),
   `agent_state` (up | lost | down), `heartbeat_age_s`, `reason`, `role` (cpu | gpu | cpu+gpu),
@@ -38,7 +39,8 @@ import zmq.asyncio
 from tangram import protocol
 from tangram.core.scheduler import Scheduler
 from tangram.errors import ProtocolError
-from tangram_cli.controller.state import encode_to, send_now
+from tangram_cli.controller.state import encode_to
+from tangram_cli.controller.wire import send_now, serve
 
 log = logging.getLogger("tangram.controller.status")
 
@@ -64,52 +66,53 @@ class StatusServer:
         self.build = build
 
     async def run(self) -> None:
-        while True:
-            frames = await self.sock.recv_multipart()
-            if len(frames) < 2:
-                continue
-            ident = frames[0]
-            try:
-                env = protocol.decode(frames[1:])
-            except ProtocolError as exc:
-                send_now(self.sock, encode_to(ident, protocol.Error.from_exception(exc), 0))
-                continue
-            msg = env.msg
-            if isinstance(msg, protocol.Heartbeat):
-                send_now(self.sock, encode_to(ident, protocol.Heartbeat(), 0))
-            elif isinstance(msg, protocol.Hello):
-                send_now(
-                    self.sock,
-                    encode_to(
-                        ident,
-                        protocol.Welcome(protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR, 0),
-                        env.request_id,
-                    ),
+        await serve(self.sock, self._on_frames, batch=16)
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            return
+        ident = frames[0]
+        try:
+            env = protocol.decode(frames[1:])
+        except ProtocolError as exc:
+            send_now(self.sock, encode_to(ident, protocol.Error.from_exception(exc), 0))
+            return
+        msg = env.msg
+        if isinstance(msg, protocol.Heartbeat):
+            send_now(self.sock, encode_to(ident, protocol.Heartbeat(), 0))
+        elif isinstance(msg, protocol.Hello):
+            send_now(
+                self.sock,
+                encode_to(
+                    ident,
+                    protocol.Welcome(protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR, 0),
+                    env.request_id,
+                ),
+            )
+        elif isinstance(msg, protocol.StatusReq):
+            unknown = [s for s in msg.sections if s not in SECTIONS]
+            if unknown:
+                err = protocol.Error(
+                    "BAD_REQUEST",
+                    f"unknown section(s) {', '.join(unknown)} (known: {', '.join(SECTIONS)})",
+                    False,
                 )
-            elif isinstance(msg, protocol.StatusReq):
-                unknown = [s for s in msg.sections if s not in SECTIONS]
-                if unknown:
-                    err = protocol.Error(
-                        "BAD_REQUEST",
-                        f"unknown section(s) {', '.join(unknown)} (known: {', '.join(SECTIONS)})",
-                        False,
-                    )
-                    send_now(self.sock, encode_to(ident, err, env.request_id))
-                    continue
-                try:
-                    records = self.build(list(msg.sections) or list(SECTIONS), msg.limit)
-                    reply = encode_to(ident, protocol.Status(_clean(records)), env.request_id)  # type: ignore[arg-type]
-                except Exception as exc:
-                    log.exception("status failed")
-                    reply = encode_to(
-                        ident,
-                        protocol.Error("INTERNAL", f"status failed ({type(exc).__name__})", False),
-                        env.request_id,
-                    )
-                send_now(self.sock, reply)
-            else:
-                err = protocol.Error("AUTH", f"{msg.NAME} is not allowed on the status socket", False)
                 send_now(self.sock, encode_to(ident, err, env.request_id))
+                return
+            try:
+                records = self.build(list(msg.sections) or list(SECTIONS), msg.limit)
+                reply = encode_to(ident, protocol.Status(_clean(records)), env.request_id)  # type: ignore[arg-type]
+            except Exception as exc:
+                log.exception("status failed")
+                reply = encode_to(
+                    ident,
+                    protocol.Error("INTERNAL", f"status failed ({type(exc).__name__})", False),
+                    env.request_id,
+                )
+            send_now(self.sock, reply)
+        else:
+            err = protocol.Error("AUTH", f"{msg.NAME} is not allowed on the status socket", False)
+            send_now(self.sock, encode_to(ident, err, env.request_id))
 
 
 def node_state(row: dict[str, Any], agent: dict[str, Any] | None) -> str:
@@ -140,6 +143,7 @@ def build_records(
     loop_lag_s: float,
     events: int,
     services_conf: list[Any],
+    decide: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     snap = core.snapshot()
     out: dict[str, Any] = {}
@@ -168,6 +172,7 @@ def build_records(
             "wait_p50_s": wait_p50,
             "loop_lag_s": loop_lag_s,
             "events": events,
+            "decide": decide or {},
             "counters": all_counters,
         }
     if "nodes" in sections:
