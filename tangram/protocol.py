@@ -36,8 +36,11 @@ from typing import Annotated, ClassVar, Literal, TypeVar, Union, get_args, get_o
 import msgpack  # type: ignore[import-untyped]
 
 from tangram.errors import ProtocolError, ProtocolErrorKind, TangramError, code_of, error_from_code
+from tangram.outcomes import CallOutcome, ExecOutcome
 
 __all__ = [
+    "CallOutcome",
+    "ExecOutcome",
     "ID_PATTERN",
     "MAX_BLOBS",
     "MAX_BODY_BYTES",

@@ -48,14 +48,17 @@ from tangram.errors import (
     BadRequest,
     ClusterNotFound,
     ControllerUnreachable,
+    InternalError,
     NonZeroExit,
     ProtocolError,
     RetryLater,
 )
+from tangram.outcomes import CallOutcome, ExecOutcome
 
 __all__ = ["ApiLease", "AsyncClient", "AsyncSandbox", "CallResult", "ExecResult", "parse_mem"]
 
 T = TypeVar("T")
+O = TypeVar("O", ExecOutcome, CallOutcome)
 GRACE_S = 5.0  # how much longer than the budget the client waits for the controller's answer
 RETRY_BASE_S = 0.05  # RetryLater backoff: the first delay, doubled per try up to RETRY_MAX_S, jittered
 RETRY_MAX_S = 2.0
@@ -129,6 +132,14 @@ class CallResult:
     node: str
     gpus: tuple[int, ...]
     loaded: bool
+
+
+def _outcome(kind: type[O], env: protocol.Envelope) -> O:
+    """The typed outcome in a final Result (tangram/outcomes.py); a malformed one is an InternalError."""
+    try:
+        return kind.from_body(env.msg.body)  # type: ignore[attr-defined, no-any-return]
+    except ProtocolError as exc:
+        raise InternalError(f"the controller's result does not parse: {exc}") from None
 
 
 def _budget_ms(timeout: float | None) -> int:
@@ -338,17 +349,9 @@ class AsyncClient:
             timeout=timeout,
             idempotent=idempotent,
         )
-        body = env.msg.body  # type: ignore[attr-defined]
+        res = _outcome(CallOutcome, env)
         value = msgpack.unpackb(env.blobs[0], raw=False) if env.blobs else None
-        return CallResult(
-            value,
-            float(body.get("queued_s", 0)),
-            float(body.get("run_s", 0)),
-            float(body.get("overhead_s", 0)),
-            str(body.get("node", "")),
-            tuple(body.get("gpus", ())),
-            bool(body.get("loaded", False)),
-        )
+        return CallResult(value, res.queued_s, res.run_s, res.overhead_s, res.node, res.gpus, res.loaded)
 
     def api(self, name: str, timeout: float | None = None, units: int = 1) -> ApiLease:
         """An async context manager holding `units` of API `name`'s quota while inside it."""
@@ -439,20 +442,20 @@ class AsyncSandbox:
         envl = await self.client._roundtrip(
             msg, [stdin] if stdin is not None else [], timeout=timeout, idempotent=idempotent
         )
-        body = envl.msg.body  # type: ignore[attr-defined]
+        res = _outcome(ExecOutcome, envl)
         out = envl.blobs[0] if len(envl.blobs) > 0 else b""
         err = envl.blobs[1] if len(envl.blobs) > 1 else b""
         result = ExecResult(
-            exit_code=int(body.get("exit_code", -1)),
+            exit_code=res.exit_code,
             stdout=out.decode("utf-8", "replace"),
             stderr=err.decode("utf-8", "replace"),
-            truncated=bool(body.get("truncated", False)),
-            queued_s=float(body.get("queued_s", 0)),
-            run_s=float(body.get("run_s", 0)),
-            overhead_s=float(body.get("overhead_s", 0)),
-            node=str(body.get("node", "")),
-            cores=tuple(body.get("cores", ())),
-            dop=int(body.get("dop", 0) or 0),
+            truncated=res.truncated,
+            queued_s=res.queued_s,
+            run_s=res.run_s,
+            overhead_s=res.overhead_s,
+            node=res.node,
+            cores=res.cores,
+            dop=res.dop,
             stdout_bytes=out,
             stderr_bytes=err,
         )

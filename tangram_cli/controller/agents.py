@@ -37,6 +37,7 @@ from tangram import protocol
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.errors import NodeLost, ProtocolError, SandboxLost
+from tangram.outcomes import CallOutcome, ExecOutcome
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.state import ActionRecord, Outcome, Registry, encode_to
 from tangram_cli.controller.wire import send_now, serve, shadow
@@ -439,7 +440,7 @@ class AgentLink:
 
     def _send_spawn(self, c: cmd.Spawn, rec: ActionRecord) -> None:
         if rec.kill_reason:  # killed before it was sent: nothing ran
-            rec.outcome = Outcome(body={"killed": True})
+            rec.outcome = Outcome(result=ExecOutcome(killed=True))
             self.post(ev.ActionFinished(c.action_id, ok=False, reason=rec.kill_reason))
             return
         agent = self.agents.get(c.node)
@@ -473,14 +474,13 @@ class AgentLink:
             rec.outcome = Outcome(error=protocol.Error.from_exception(reply))
             self.post(ev.ActionFinished(action_id, ok=False, reason=type(reply).__name__))
             return
-        if isinstance(reply.msg, protocol.Error):
-            rec.outcome = Outcome(error=reply.msg)
-            self.post(ev.ActionFinished(action_id, ok=False, reason=reply.msg.code))
+        out = rec.outcome = Outcome.of_reply(ExecOutcome, reply)
+        if out.error is not None:
+            self.post(ev.ActionFinished(action_id, ok=False, reason=out.error.code))
             return
-        body = dict(reply.msg.body)  # type: ignore[union-attr]
-        rec.outcome = Outcome(body=body, blobs=reply.blobs)
-        ok = not (body.get("killed") or body.get("timed_out"))
-        self.post(ev.ActionFinished(action_id, ok=ok, reason=f"exit {body.get('exit_code')}"))
+        res: ExecOutcome = out.result  # type: ignore[assignment]
+        ok = not (res.killed or res.timed_out)
+        self.post(ev.ActionFinished(action_id, ok=ok, reason=f"exit {res.exit_code}"))
 
     # ------------------------------------------------------------ GPU commands
     def _chain(self, node: str, coro_fn: Callable[[], Any]) -> asyncio.Future[None]:
@@ -563,12 +563,10 @@ class AgentLink:
             env = await self.request(c.node, msg, [rec.payload])
         except NodeLost:
             return
-        if isinstance(env.msg, protocol.Error):
-            rec.outcome = Outcome(error=env.msg)
-            self.post(ev.ActionFinished(c.action_id, ok=False, reason=env.msg.code))
+        out = rec.outcome = Outcome.of_reply(CallOutcome, env)
+        if out.error is not None:
+            self.post(ev.ActionFinished(c.action_id, ok=False, reason=out.error.code))
             return
-        assert isinstance(env.msg, protocol.Result)
-        rec.outcome = Outcome(body=dict(env.msg.body), blobs=env.blobs)
         self.post(ev.ActionFinished(c.action_id, ok=True))
 
     # ------------------------------------------------------------ files

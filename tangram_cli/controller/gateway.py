@@ -29,6 +29,7 @@ Rules (docs/protocol.md, "Controller behaviour"):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -46,6 +47,7 @@ from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, Elasticity, Kind
 from tangram.core.resources import CPU, GPU, Demand, api_resource
 from tangram.errors import BadRequest, InternalError, NodeLost, ProtocolError, SandboxLost, TangramError
+from tangram.outcomes import CallOutcome, ExecOutcome
 from tangram_cli.controller.agents import AgentLink
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord, encode_to
@@ -676,15 +678,10 @@ class Gateway:
         if rec.final_sent:
             return
         rec.final_sent = True
-        now = time.monotonic()
         out = rec.outcome
-        if rec.kill_reason and not (
-            out is not None
-            and out.error is None
-            and out.body.get("exit_code") is not None
-            and not out.body.get("killed")
-            and not out.body.get("timed_out")
-        ):
+        res = out.result if out is not None and out.error is None else None
+        ran_to_exit = isinstance(res, ExecOutcome) and not res.killed and not res.timed_out
+        if rec.kill_reason and not ran_to_exit:
             code = KILL_CODES.get(rec.kill_reason, "CANCELLED")
             msg = (
                 "timed out: the action ran past its timeout and was killed"
@@ -693,44 +690,39 @@ class Gateway:
             )
             self.final(rec.ident, rec.request_id, protocol.Error(code, msg, code == "TIMEOUT"))
             return
-        if out is None:
+        if out is not None and out.error is not None:
+            self.final(rec.ident, rec.request_id, out.error)
+            return
+        if res is None:
             self.final(
                 rec.ident,
                 rec.request_id,
                 protocol.Error("INTERNAL", f"action ended without a result ({c.reason})", False),
             )
             return
-        if out.error is not None:
-            self.final(rec.ident, rec.request_id, out.error)
-            return
-        body = out.body
-        if rec.kind == "exec" and body.get("timed_out"):
+        if isinstance(res, ExecOutcome) and res.timed_out:
             self.final(rec.ident, rec.request_id, protocol.Error("TIMEOUT", "timed out on the node", True))
             return
+        self._send_outcome(rec, res, out.blobs)  # type: ignore[union-attr]
+
+    def _send_outcome(self, rec: ActionRecord, res: ExecOutcome | CallOutcome, blobs: tuple[bytes, ...]) -> None:
+        """The client's final Result: the agent's outcome plus what only the controller knows."""
         started = rec.started or rec.submitted
         queued = max(0.0, started - rec.submitted)
-        run_s = float(body.get("run_s", 0.0) or 0.0)
-        total = now - rec.submitted
-        common = {
+        total = time.monotonic() - rec.submitted
+        timing = {
             "queued_s": round(queued, 6),
-            "run_s": round(run_s, 6),
-            "overhead_s": round(max(0.0, total - queued - run_s), 6),
+            "run_s": round(res.run_s, 6),
+            "overhead_s": round(max(0.0, total - queued - res.run_s), 6),
             "node": rec.node,
             "action": rec.action_id,
         }
-        if rec.kind == "exec":
-            result = {
-                "exit_code": int(body.get("exit_code", -1)),
-                "truncated": bool(body.get("truncated", False)),
-                "cores": list(rec.cores),
-                "dop": rec.dop,
-                "setup_s": float(body.get("setup_s", 0.0) or 0.0),
-                **common,
-            }
-            self.final(rec.ident, rec.request_id, protocol.Result(result), list(out.blobs[:2]))
+        if isinstance(res, ExecOutcome):
+            full = dataclasses.replace(res, cores=tuple(rec.cores), dop=rec.dop, **timing)
+            self.final(rec.ident, rec.request_id, protocol.Result(full.to_body()), list(blobs[:2]))
         else:
-            result = {"gpus": list(rec.gpus), "loaded": rec.loaded, **common}
-            self.final(rec.ident, rec.request_id, protocol.Result(result), list(out.blobs[:1]))
+            full = dataclasses.replace(res, gpus=tuple(rec.gpus), loaded=rec.loaded, **timing)
+            self.final(rec.ident, rec.request_id, protocol.Result(full.to_body()), list(blobs[:1]))
 
     # ------------------------------------------------------------ liveness
     async def liveness(self) -> None:

@@ -20,17 +20,29 @@ import zmq
 import zmq.asyncio
 
 from tangram import protocol
+from tangram.errors import ProtocolError
+from tangram.outcomes import CallOutcome, ExecOutcome
 
 log = logging.getLogger("tangram.controller")
 
 
 @dataclass
 class Outcome:
-    """What an agent answered for one dispatch: a Result body + blobs, or an error."""
+    """What an agent answered for one dispatch: a typed result + blobs, or an error."""
 
-    body: dict[str, Any] = field(default_factory=dict)
+    result: ExecOutcome | CallOutcome | None = None
     blobs: tuple[bytes, ...] = ()
     error: protocol.Error | None = None
+
+    @classmethod
+    def of_reply(cls, kind: type[ExecOutcome] | type[CallOutcome], env: protocol.Envelope) -> Outcome:
+        """The agent's `Result` or `Error`; a result body of the wrong shape becomes an INTERNAL error."""
+        if isinstance(env.msg, protocol.Error):
+            return cls(error=env.msg)
+        try:
+            return cls(result=kind.from_body(env.msg.body), blobs=env.blobs)  # type: ignore[union-attr]
+        except ProtocolError as exc:
+            return cls(error=protocol.Error("INTERNAL", f"the agent's result does not parse: {exc}", False))
 
 
 @dataclass

@@ -1,0 +1,125 @@
+"""One typed shape for an action's outcome along its whole path: agent -> controller -> client.
+
+`Result.body` stays a free-form map on the wire (so minor versions can add keys), but nobody
+reads or writes its keys by hand: the agent builds an `ExecOutcome` / `CallOutcome` and sends
+`to_body()`; the controller reads it back with `from_body()`, adds what only it knows
+(queueing, overhead, the grant) with `dataclasses.replace`, and sends `to_body()` again; the
+client turns `from_body()` into its `ExecResult` / `CallResult`. Keys a peer leaves out take
+the field's default; keys a newer peer adds are ignored; a key of the wrong type is a
+`ProtocolError` naming it (`from_body` never guesses).
+
+docs/protocol.md ("Result bodies") lists the keys; `tests/protocol/test_outcomes.py` checks
+that the table and these classes agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tangram.errors import ProtocolError, ProtocolErrorKind
+
+__all__ = ["CallOutcome", "ExecOutcome"]
+
+
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _float(v: object) -> bool:
+    return (isinstance(v, float) and math.isfinite(v)) or _int(v)
+
+
+def _ints(v: object) -> bool:
+    return isinstance(v, (list, tuple)) and all(_int(x) for x in v)
+
+
+_CHECKS: dict[type | str, Any] = {
+    "int": _int,
+    "float": _float,
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "tuple[int, ...]": _ints,
+}
+
+
+class _Outcome:
+    _kinds: ClassVar[dict[str, str]]
+
+    def to_body(self) -> dict[str, Any]:
+        """The `Result.body` map for this outcome (tuples become lists)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Any:
+        """The outcome in a `Result.body`; missing keys take defaults, unknown keys are ignored."""
+        values: dict[str, Any] = {}
+        for name, kind in cls._kinds.items():
+            if name not in body or body[name] is None:
+                continue
+            v = body[name]
+            if not _CHECKS[kind](v):
+                raise ProtocolError(
+                    ProtocolErrorKind.SCHEMA, f"{cls.__name__}.{name}: expected {kind}, got {type(v).__name__}"
+                )
+            if kind == "float":
+                v = float(v)
+            elif kind == "tuple[int, ...]":
+                v = tuple(v)
+            values[name] = v
+        return cls(**values)
+
+
+def _kinds(cls: type) -> type:
+    cls._kinds = {f.name: str(f.type) for f in dataclasses.fields(cls)}  # type: ignore[attr-defined]
+    return cls
+
+
+@_kinds
+@dataclass(frozen=True)
+class ExecOutcome(_Outcome):
+    """How one exec ended. The agent fills what it saw; the controller adds the rest."""
+
+    exit_code: int = -1
+    truncated: bool = False  # output capped at 16 MiB
+    timed_out: bool = False  # killed by the node for running past its timeout
+    killed: bool = False  # killed on the controller's order (cancel, timeout, client gone)
+    run_s: float = 0.0  # process start to exit, measured by the agent
+    setup_s: float = 0.0  # cpuset and spawn before the process ran
+    cores: tuple[int, ...] = ()
+    # the attempt's identity, echoed by the agent for fencing (reliability §1.3)
+    action: str = ""
+    attempt: int = 0
+    epoch: int = 0
+    agent_epoch: int = 0
+    node: str = ""
+    # added by the controller
+    queued_s: float = 0.0
+    overhead_s: float = 0.0
+    dop: int = 0
+
+
+@_kinds
+@dataclass(frozen=True)
+class CallOutcome(_Outcome):
+    """How one GPU call ended (its value travels as blob 0)."""
+
+    run_s: float = 0.0
+    service: str = ""
+    action: str = ""
+    attempt: int = 0
+    epoch: int = 0
+    agent_epoch: int = 0
+    node: str = ""
+    # added by the controller
+    queued_s: float = 0.0
+    overhead_s: float = 0.0
+    gpus: tuple[int, ...] = ()
+    loaded: bool = False  # the service was restored onto the GPUs for this call

@@ -1,0 +1,57 @@
+"""The typed action outcomes (tangram/outcomes.py): round trips, defaults, strict types, and the
+docs table that lists their keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from tangram import protocol as p
+from tangram.errors import ProtocolError
+from tangram.outcomes import CallOutcome, ExecOutcome
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+
+
+def test_exec_outcome_round_trips_through_a_result_frame() -> None:
+    out = ExecOutcome(exit_code=3, truncated=True, run_s=0.25, cores=(2, 3), action="x1", attempt=2, node="n1")
+    env = p.decode(p.encode(p.Result(out.to_body()), 7, [b"out", b"err"]))
+    assert ExecOutcome.from_body(env.msg.body) == out  # type: ignore[attr-defined]
+
+
+def test_call_outcome_round_trips() -> None:
+    out = CallOutcome(run_s=1.5, service="reward", gpus=(0, 1), loaded=True, queued_s=0.5)
+    assert CallOutcome.from_body(out.to_body()) == out
+
+
+def test_missing_keys_take_defaults_and_unknown_keys_are_ignored() -> None:
+    out = ExecOutcome.from_body({"exit_code": 0, "some_future_key": [1, 2]})
+    assert out == ExecOutcome(exit_code=0)
+    assert ExecOutcome.from_body({}).exit_code == -1  # no exit code: not a success
+
+
+def test_ints_are_accepted_as_floats_but_not_the_reverse() -> None:
+    assert ExecOutcome.from_body({"run_s": 2}).run_s == 2.0
+    with pytest.raises(ProtocolError, match=r"ExecOutcome\.exit_code: expected int, got float"):
+        ExecOutcome.from_body({"exit_code": 0.0})
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("exit_code", True), ("killed", 1), ("cores", [1, "2"]), ("node", 5), ("run_s", float("nan"))],
+)
+def test_a_wrong_type_names_the_key(key: str, value: object) -> None:
+    with pytest.raises(ProtocolError, match=key):
+        ExecOutcome.from_body({key: value})
+
+
+@pytest.mark.parametrize(("cls", "row"), [(ExecOutcome, "`EXEC`, `SPAWN`"), (CallOutcome, "`CALL`, `INVOKE`")])
+def test_docs_list_every_outcome_key(cls: type, row: str) -> None:
+    text = DOC.read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"| {row}"))
+    listed = set(re.findall(r"`([a-z_]+)`", line.split("|")[2]))
+    fields = {f.name for f in dataclasses.fields(cls)}
+    assert fields == listed, (fields - listed, listed - fields)
