@@ -67,7 +67,8 @@ class _Outcome:
             v = body[name]
             if not _CHECKS[kind](v):
                 raise ProtocolError(
-                    ProtocolErrorKind.SCHEMA, f"{cls.__name__}.{name}: expected {kind}, got {type(v).__name__}"
+                    ProtocolErrorKind.SCHEMA,
+                    f"{cls.__name__}.{name}: expected {kind}, got {type(v).__name__}",
                 )
             if kind == "float":
                 v = float(v)

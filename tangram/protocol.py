@@ -39,8 +39,6 @@ from tangram.errors import ProtocolError, ProtocolErrorKind, TangramError, code_
 from tangram.outcomes import CallOutcome, ExecOutcome
 
 __all__ = [
-    "CallOutcome",
-    "ExecOutcome",
     "ID_PATTERN",
     "MAX_BLOBS",
     "MAX_BODY_BYTES",
@@ -49,7 +47,9 @@ __all__ = [
     "PROTOCOL_MAJOR",
     "PROTOCOL_MINOR",
     "TAG",
+    "CallOutcome",
     "Envelope",
+    "ExecOutcome",
     "Message",
     "ProtocolError",
     "ProtocolErrorKind",
@@ -857,7 +857,7 @@ def _header(frames: list[bytes]) -> tuple[type[Message], int]:
 def _unpack(cls: type[Message], body: bytes) -> dict[str, object]:
     try:
         value = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True, **_UNPACK_LIMITS)
-    except Exception as exc:  # noqa: BLE001 - msgpack raises ValueError, UnicodeDecodeError, ExtraData, StackError...
+    except Exception as exc:
         raise ProtocolError(ProtocolErrorKind.DECODE, f"{cls.__name__} body: {type(exc).__name__}") from None
     if not isinstance(value, dict):
         raise _fail(cls.__name__, f"body must be a map, got {type(value).__name__}")

@@ -58,7 +58,7 @@ from tangram.outcomes import CallOutcome, ExecOutcome
 __all__ = ["ApiLease", "AsyncClient", "AsyncSandbox", "CallResult", "ExecResult", "parse_mem"]
 
 T = TypeVar("T")
-O = TypeVar("O", ExecOutcome, CallOutcome)
+OutcomeT = TypeVar("OutcomeT", ExecOutcome, CallOutcome)
 GRACE_S = 5.0  # how much longer than the budget the client waits for the controller's answer
 RETRY_BASE_S = 0.05  # RetryLater backoff: the first delay, doubled per try up to RETRY_MAX_S, jittered
 RETRY_MAX_S = 2.0
@@ -134,7 +134,7 @@ class CallResult:
     loaded: bool
 
 
-def _outcome(kind: type[O], env: protocol.Envelope) -> O:
+def _outcome(kind: type[OutcomeT], env: protocol.Envelope) -> OutcomeT:
     """The typed outcome in a final Result (tangram/outcomes.py); a malformed one is an InternalError."""
     try:
         return kind.from_body(env.msg.body)  # type: ignore[attr-defined, no-any-return]

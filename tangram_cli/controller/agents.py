@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,9 +53,9 @@ class Agent:
     ident: bytes
     facts: dict[str, Any]
     agent_epoch: int
-    joined: float = field(default_factory=time.monotonic)
-    last_seen: float = field(default_factory=time.monotonic)
-    last_sent: float = field(default_factory=time.monotonic)
+    joined: float = 0.0  # controller clock
+    last_seen: float = 0.0
+    last_sent: float = 0.0
     state: str = "up"  # up | lost | down (said Bye)
     reason: str = ""
     load: dict[str, Any] = field(default_factory=dict)
@@ -120,6 +119,7 @@ class AgentLink:
         self.sock = sock
         self.post = post  # Driver.post
         self.registry = registry
+        self.clock = registry.clock
         self.config = config
         self.epoch = controller_epoch
         self.hb = config.heartbeat_s
@@ -160,7 +160,7 @@ class AgentLink:
         self, agent: Agent, msg: protocol.Message, rid: int = 0, blobs: tuple[bytes, ...] | list[bytes] = ()
     ) -> bool:
         ok = send_now(self.sock, encode_to(agent.ident, msg, rid, blobs))
-        agent.last_sent = time.monotonic()
+        agent.last_sent = self.clock.now()
         return ok
 
     def request(
@@ -245,7 +245,7 @@ class AgentLink:
             if not isinstance(msg, protocol.Heartbeat):
                 log.info("message %s from an unregistered agent %r dropped", msg.NAME, ident[:64])
             return
-        agent.last_seen = time.monotonic()
+        agent.last_seen = self.clock.now()
         if isinstance(msg, protocol.Heartbeat):
             agent.load = dict(msg.load)
         elif isinstance(msg, (protocol.Result, protocol.Error, protocol.Ack)):
@@ -297,6 +297,9 @@ class AgentLink:
             ident,
             dict(hello.facts),
             self._epochs,
+            joined=self.clock.now(),
+            last_seen=self.clock.now(),
+            last_sent=self.clock.now(),
             restarts=old.restarts if old is not None else 0,
         )
         if old is not None and old.ident != ident:
@@ -344,10 +347,10 @@ class AgentLink:
         lost: a busy controller must not drop a healthy agent."""
         period = min(self.hb / 2, 0.5)
         sync = shadow(self.sock)
-        expected = time.monotonic() + period
+        expected = self.clock.now() + period
         while True:
             await asyncio.sleep(period)
-            now = time.monotonic()
+            now = self.clock.now()
             late, expected = now - expected, now + period
             for agent in list(self.agents.values()):
                 if agent.live and now - agent.last_sent >= self.hb:
@@ -372,7 +375,7 @@ class AgentLink:
         for _, on_reply in pending.values():
             try:
                 on_reply(NodeLost(f"node {agent.name}: {reason}"))
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("reply callback failed")
         self.post(ev.NodeLost(agent.name, reason))
 
@@ -399,7 +402,7 @@ class AgentLink:
                 env = await self.request(c.node, protocol.PutFile(c.sandbox, path), [data])
                 if isinstance(env.msg, protocol.Error):
                     log.warning("queued put %s into %s failed: %s", path, c.sandbox, env.msg.message)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if not rec.ready.done():
                 rec.ready.set_exception(
                     exc if isinstance(exc, (SandboxLost, NodeLost)) else SandboxLost(str(exc))
@@ -452,7 +455,7 @@ class AgentLink:
             list(c.cores),
             c.dop,
             rec.env,
-            max(0.001, rec.deadline - time.monotonic()),
+            max(0.001, rec.deadline - self.clock.now()),
             1,
             self.epoch,
             agent.agent_epoch if agent else 0,
@@ -467,7 +470,9 @@ class AgentLink:
 
         self.send_request(c.node, msg, [rec.stdin] if rec.stdin is not None else [], on_reply)
 
-    def _spawn_ended(self, action_id: str, rec: ActionRecord, reply: protocol.Envelope | BaseException) -> None:
+    def _spawn_ended(
+        self, action_id: str, rec: ActionRecord, reply: protocol.Envelope | BaseException
+    ) -> None:
         if isinstance(reply, NodeLost):
             return  # the core already failed the action (NodeLost event)
         if isinstance(reply, BaseException):
@@ -549,7 +554,7 @@ class AgentLink:
             self.post(ev.ActionFinished(c.action_id, ok=False, reason="load failed"))
             return
         agent = self.agents.get(c.node)
-        timeout_s = max(0.001, rec.deadline - time.monotonic())
+        timeout_s = max(0.001, rec.deadline - self.clock.now())
         msg = protocol.Invoke(
             c.action_id,
             c.service,
@@ -596,7 +601,7 @@ class AgentLink:
         await cancel_tasks(self._tasks)
 
     def rows(self) -> list[dict[str, Any]]:
-        now = time.monotonic()
+        now = self.clock.now()
         out = []
         for a in sorted(self.agents.values(), key=lambda a: a.name):
             f = a.facts

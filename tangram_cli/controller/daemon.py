@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import signal
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,10 +60,10 @@ class Controller:
         self.options = options or Options()
         check_bind(self.options.bind, curve=bool(self.options.certs))
         self.epoch = new_epoch()
-        self.registry = Registry()
-        self.core = Scheduler(CoreConfig(depth=self.config.depth), seed=self.options.seed)
         self.clock = WallClock()
-        self.started = time.monotonic()
+        self.registry = Registry(self.clock)  # the controller's one clock, shared by every part
+        self.core = Scheduler(CoreConfig(depth=self.config.depth), seed=self.options.seed)
+        self.started = self.clock.now()
         self.journal = open_journal(self.options.journal, self.config.cluster)
         self.driver = Driver(self.core, self.clock, self.journal, self.dispatch)
         self.ctx = zmq.asyncio.Context()
@@ -135,7 +134,7 @@ class Controller:
     def dispatch(self, event: ev.Event, commands: list[cmd.Command]) -> None:
         loads: dict[tuple[str, str, int], asyncio.Future[None]] = {}
         dones: list[cmd.Done] = []
-        now = time.monotonic()
+        now = self.clock.now()
         for c in commands:
             if isinstance(c, cmd.CreateSandbox):
                 self.agents.create_sandbox(c)
@@ -198,6 +197,7 @@ class Controller:
             loop_lag_s=round(self.driver.loop_lag_s, 6),
             events=self.driver.handled,
             decide=self.driver.decide.quantiles(),
+            now=self.clock.now(),
             services_conf=list(self.config.services),
         )
 

@@ -32,10 +32,9 @@ import asyncio
 import dataclasses
 import logging
 import secrets
-import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -67,8 +66,8 @@ class ClientState:
     ident: bytes
     key: str  # the core's client id (identity hex)
     name: str = ""
-    last_seen: float = field(default_factory=time.monotonic)
-    connected: float = field(default_factory=time.monotonic)
+    last_seen: float = 0.0  # controller clock
+    connected: float = 0.0
     requests: int = 0
 
 
@@ -94,6 +93,7 @@ class Gateway:
         self.sock = sock
         self.post = post
         self.registry = registry
+        self.clock = registry.clock
         self.agents = agents
         self.config = config
         self.epoch = controller_epoch
@@ -156,7 +156,7 @@ class Gateway:
         elif entry.counted and entry.final is None:
             self._uncount(ident)
         entry.final = frames
-        entry.expires = time.monotonic() + CACHE_TTL_S
+        entry.expires = self.clock.now() + CACHE_TTL_S
         self._deliver(ident, [ident, *frames])
 
     # ------------------------------------------------------------ backpressure
@@ -241,7 +241,7 @@ class Gateway:
     def _cache_put(self, key: tuple[bytes, int], entry: CacheEntry) -> None:
         self.cache[key] = entry
         self.cache.move_to_end(key)
-        now = time.monotonic()
+        now = self.clock.now()
         while len(self.cache) > CACHE_MAX:
             (old_ident, _), old = self.cache.popitem(last=False)
             if old.counted and old.final is None:
@@ -275,8 +275,9 @@ class Gateway:
         ident = frames[0]
         client = self.clients.get(ident)
         if client is None:
-            client = self.clients[ident] = ClientState(ident, ident.hex())
-        client.last_seen = time.monotonic()
+            now = self.clock.now()
+            client = self.clients[ident] = ClientState(ident, ident.hex(), last_seen=now, connected=now)
+        client.last_seen = self.clock.now()
         if ident in self.outbox:  # any message, heartbeats included, retries what waits for it
             self._flush(ident)
         try:
@@ -378,14 +379,16 @@ class Gateway:
         self, client: ClientState, rid: int, msg: protocol.SandboxOpen, blobs: tuple[bytes, ...]
     ) -> None:
         sandbox = self._new_id("sb-")
-        rec = SandboxRecord(sandbox, client.ident, client.key, msg.image, msg.mem_mib, msg.reserve)
+        rec = SandboxRecord(
+            sandbox, client.ident, client.key, msg.image, msg.mem_mib, msg.reserve, opened=self.clock.now()
+        )
         self.registry.sandboxes[sandbox] = rec
         self._register(client, rid, "open")
         ident = client.ident
         if msg.reserve > 0:
-            deadline = time.monotonic() + self._budget(int(msg.timeout_s * 1000))
+            deadline = self.clock.now() + self._budget(int(msg.timeout_s * 1000))
             self.registry.actions[f"open:{sandbox}"] = ActionRecord(
-                f"open:{sandbox}", "open", ident, rid, client.key, time.monotonic(), deadline, sandbox=sandbox
+                f"open:{sandbox}", "open", ident, rid, client.key, self.clock.now(), deadline, sandbox=sandbox
             )
 
         def after(cmds: list[cmd.Command] | None) -> None:
@@ -514,7 +517,7 @@ class Gateway:
             timeout_s=timeout,
             mem_mib=sb.mem_mib,
         )
-        now = time.monotonic()
+        now = self.clock.now()
         rec = ActionRecord(
             aid,
             "exec",
@@ -548,7 +551,7 @@ class Gateway:
             timeout_s=timeout,
             elasticity=self._profile(msg.elastic) if msg.elastic else None,
         )
-        now = time.monotonic()
+        now = self.clock.now()
         rec = ActionRecord(
             aid,
             "call",
@@ -579,7 +582,7 @@ class Gateway:
             api=msg.api,
             timeout_s=timeout,
         )
-        now = time.monotonic()
+        now = self.clock.now()
         rec = ActionRecord(aid, "lease", client.ident, rid, client.key, now, now + timeout, units=msg.units)
         self._submit(client, rid, "lease", spec, rec)
 
@@ -614,7 +617,7 @@ class Gateway:
         rec = self.registry.actions.get(c.action_id)
         if rec is None or rec.final_sent:
             return
-        rec.granted, rec.final_sent, rec.started = True, True, time.monotonic()
+        rec.granted, rec.final_sent, rec.started = True, True, self.clock.now()
         self.registry.record_wait(rec.started - rec.submitted)
         self.final(
             rec.ident,
@@ -624,7 +627,7 @@ class Gateway:
                     "lease": c.action_id,
                     "api": c.api,
                     "units": rec.units,
-                    "expires_in_s": round(max(0.0, rec.deadline - time.monotonic()), 3),
+                    "expires_in_s": round(max(0.0, rec.deadline - self.clock.now()), 3),
                     "queued_s": round(rec.started - rec.submitted, 6),
                 }
             ),
@@ -705,11 +708,13 @@ class Gateway:
             return
         self._send_outcome(rec, res, out.blobs)  # type: ignore[union-attr]
 
-    def _send_outcome(self, rec: ActionRecord, res: ExecOutcome | CallOutcome, blobs: tuple[bytes, ...]) -> None:
+    def _send_outcome(
+        self, rec: ActionRecord, res: ExecOutcome | CallOutcome, blobs: tuple[bytes, ...]
+    ) -> None:
         """The client's final Result: the agent's outcome plus what only the controller knows."""
         started = rec.started or rec.submitted
         queued = max(0.0, started - rec.submitted)
-        total = time.monotonic() - rec.submitted
+        total = self.clock.now() - rec.submitted
         timing = {
             "queued_s": round(queued, 6),
             "run_s": round(res.run_s, 6),
@@ -729,9 +734,9 @@ class Gateway:
         grace = self.config.client_grace_s
         while True:
             await asyncio.sleep(max(0.05, min(1.0, grace / 4)))
-            now = time.monotonic()
+            now = self.clock.now()
             unread = shadow(self.sock).getsockopt(zmq.EVENTS) & zmq.POLLIN  # judge only what was read
-            for ident, client in list(self.clients.items()):
+            for client in list(self.clients.values()):
                 if not unread and now - client.last_seen > grace:
                     self._client_gone(client, f"silent for {now - client.last_seen:.1f}s")
             for ident in list(self.outbox):
@@ -773,7 +778,7 @@ class Gateway:
         await cancel_tasks(self._tasks)
 
     def rows(self) -> list[dict[str, Any]]:
-        now = time.monotonic()
+        now = self.clock.now()
         return [
             {
                 "client": c.key,

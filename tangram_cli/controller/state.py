@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +19,7 @@ import zmq
 import zmq.asyncio
 
 from tangram import protocol
+from tangram.clock import Clock, WallClock
 from tangram.errors import ProtocolError
 from tangram.outcomes import CallOutcome, ExecOutcome
 
@@ -35,7 +35,7 @@ class Outcome:
     error: protocol.Error | None = None
 
     @classmethod
-    def of_reply(cls, kind: type[ExecOutcome] | type[CallOutcome], env: protocol.Envelope) -> Outcome:
+    def of_reply(cls, kind: type[ExecOutcome | CallOutcome], env: protocol.Envelope) -> Outcome:
         """The agent's `Result` or `Error`; a result body of the wrong shape becomes an INTERNAL error."""
         if isinstance(env.msg, protocol.Error):
             return cls(error=env.msg)
@@ -52,8 +52,8 @@ class ActionRecord:
     ident: bytes  # the client's routing identity
     request_id: int
     client: str  # the core's client key (identity hex)
-    submitted: float  # time.monotonic()
-    deadline: float  # time.monotonic()
+    submitted: float  # controller clock (Registry.clock)
+    deadline: float  # controller clock
     sandbox: str = ""
     cmd: str = ""
     env: dict[str, str] = field(default_factory=dict)
@@ -82,7 +82,7 @@ class SandboxRecord:
     image: str
     mem_mib: int
     reserve: int
-    opened: float = field(default_factory=time.monotonic)
+    opened: float = 0.0  # controller clock
     node: str = ""
     ready: asyncio.Future[None] | None = None  # set when CreateSandbox (and pending puts) finished
     pending_puts: list[tuple[str, bytes]] = field(default_factory=list)
@@ -93,9 +93,13 @@ class SandboxRecord:
 
 
 class Registry:
-    """Actions and sandboxes by id; one instance per controller."""
+    """Actions and sandboxes by id, and the controller's one clock; one instance per controller.
 
-    def __init__(self) -> None:
+    Every time the controller keeps (submission, deadlines, heartbeats, cache expiry) is read
+    from `clock` (a `tangram.clock.Clock`: `WallClock` live, `VirtualClock` in tests)."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or WallClock()
         self.actions: dict[str, ActionRecord] = {}
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.waits: list[float] = []  # recent queueing delays (s), for the status p50

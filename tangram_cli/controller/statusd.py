@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -144,7 +143,9 @@ def build_records(
     events: int,
     services_conf: list[Any],
     decide: dict[str, Any] | None = None,
+    now: float = 0.0,
 ) -> dict[str, Any]:
+    """Status records; `started` and `now` are on the controller's clock."""
     snap = core.snapshot()
     out: dict[str, Any] = {}
     agents = {a["node"]: a for a in agent_rows}
@@ -159,7 +160,7 @@ def build_records(
             "name": cluster,
             "proto": f"{protocol.PROTOCOL_MAJOR}.{protocol.PROTOCOL_MINOR}",
             "controller_epoch": epoch,
-            "uptime_s": round(time.monotonic() - started, 3),
+            "uptime_s": round(now - started, 3),
             "pid": os.getpid(),
             "address": addresses.get("submit", "").removeprefix("tcp://").rsplit(":", 1)[0],
             "addresses": addresses,
@@ -250,7 +251,6 @@ def build_records(
             for r in snap.queue[:limit]
         ]
     if "actions" in sections:
-        now = time.monotonic()
         rows2 = []
         for rec in actions.values():
             if rec.started is None or (rec.final_sent and rec.kind != "lease"):

@@ -86,7 +86,7 @@ class _Reader:
             self.received += 1
             try:
                 handle(frames)
-            except Exception:  # noqa: BLE001 - one bad message never stops the socket
+            except Exception:
                 log.exception("message handling failed")
         self.poke()  # more may be waiting: come back after the loop ran its other callbacks
 
