@@ -159,7 +159,11 @@ class AgentLink:
     def _send(
         self, agent: Agent, msg: protocol.Message, rid: int = 0, blobs: tuple[bytes, ...] | list[bytes] = ()
     ) -> bool:
-        ok = send_now(self.sock, encode_to(agent.ident, msg, rid, blobs))
+        if isinstance(msg, protocol.Spawn):  # built from a decoded Exec: checked already
+            frames = [agent.ident, *protocol.encode_trusted(msg, rid, blobs)]
+        else:
+            frames = encode_to(agent.ident, msg, rid, blobs)
+        ok = send_now(self.sock, frames)
         agent.last_sent = self.clock.now()
         return ok
 

@@ -139,12 +139,22 @@ class Gateway:
         if not send_now(self.sock, frames):
             self.counters["send_dropped"] += 1
 
+    def _send_accepted(self, ident: bytes, rid: int) -> None:
+        if not send_now(self.sock, [ident, *protocol.encode_trusted(protocol.Accepted(), rid)]):
+            self.counters["send_dropped"] += 1
+
     def final(
-        self, ident: bytes, rid: int, msg: protocol.Message, blobs: tuple[bytes, ...] | list[bytes] = ()
+        self,
+        ident: bytes,
+        rid: int,
+        msg: protocol.Message,
+        blobs: tuple[bytes, ...] | list[bytes] = (),
+        trusted: bool = False,
     ) -> None:
-        """Send the one final reply to (ident, rid) and cache it."""
+        """Send the one final reply to (ident, rid) and cache it. `trusted`: `msg` holds only
+        checked values (a typed outcome), so `protocol.encode_trusted` skips the field checks."""
         try:
-            frames = protocol.encode(msg, rid, blobs)
+            frames = (protocol.encode_trusted if trusted else protocol.encode)(msg, rid, blobs)
         except ProtocolError as exc:
             log.error("reply to request %d does not encode: %s", rid, exc)
             frames = protocol.encode(protocol.Error("INTERNAL", f"reply does not encode: {exc}", False), rid)
@@ -331,7 +341,7 @@ class Gateway:
                 if entry.kind in ("exec", "call"):
                     rec = self.registry.actions.get(entry.action_id)
                     if rec is not None and rec.granted:
-                        self._send(ident, protocol.Accepted(), rid)
+                        self._send_accepted(ident, rid)
             return
         client.requests += 1
         handler = _HANDLERS.get(type(msg))
@@ -494,7 +504,7 @@ class Gateway:
                 return
             if not rec.final_sent and kind in ("exec", "call"):
                 rec.granted = True
-                self._send(ident, protocol.Accepted(), rid)
+                self._send_accepted(ident, rid)
 
         self.post(ev.ActionSubmitted(spec), after)
 
@@ -724,10 +734,10 @@ class Gateway:
         }
         if isinstance(res, ExecOutcome):
             full = dataclasses.replace(res, cores=tuple(rec.cores), dop=rec.dop, **timing)
-            self.final(rec.ident, rec.request_id, protocol.Result(full.to_body()), list(blobs[:2]))
+            self.final(rec.ident, rec.request_id, protocol.Result(full.to_body()), list(blobs[:2]), True)
         else:
             full = dataclasses.replace(res, gpus=tuple(rec.gpus), loaded=rec.loaded, **timing)
-            self.final(rec.ident, rec.request_id, protocol.Result(full.to_body()), list(blobs[:1]))
+            self.final(rec.ident, rec.request_id, protocol.Result(full.to_body()), list(blobs[:1]), True)
 
     # ------------------------------------------------------------ liveness
     async def liveness(self) -> None:

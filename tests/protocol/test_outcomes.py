@@ -55,3 +55,19 @@ def test_docs_list_every_outcome_key(cls: type, row: str) -> None:
     listed = set(re.findall(r"`([a-z_]+)`", line.split("|")[2]))
     fields = {f.name for f in dataclasses.fields(cls)}
     assert fields == listed, (fields - listed, listed - fields)
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        p.Accepted(),
+        p.Spawn("x1-ab", "sb-1", "pytest -q -n {dop}", [0, 3], 2, {"A": "b"}, 12.5, 1, 99, 3),
+        p.Result(ExecOutcome(exit_code=0, cores=(1,), run_s=0.5, node="n1").to_body()),
+        p.Result(CallOutcome(gpus=(0, 1), loaded=True).to_body()),
+    ],
+    ids=lambda m: m.NAME,
+)
+def test_encode_trusted_emits_what_encode_emits(msg: p.Message) -> None:
+    blobs = [b"out", b"err"] if isinstance(msg, p.Result) else []
+    trusted = p.encode_trusted(msg, 42, blobs)
+    assert p.decode(trusted) == p.decode(p.encode(msg, 42, blobs))
