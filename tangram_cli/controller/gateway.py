@@ -71,7 +71,7 @@ class ClientState:
     requests: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class CacheEntry:
     kind: str
     action_id: str = ""

@@ -26,7 +26,7 @@ from tangram.outcomes import CallOutcome, ExecOutcome
 log = logging.getLogger("tangram.controller")
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     """What an agent answered for one dispatch: a typed result + blobs, or an error."""
 
@@ -45,7 +45,7 @@ class Outcome:
             return cls(error=protocol.Error("INTERNAL", f"the agent's result does not parse: {exc}", False))
 
 
-@dataclass
+@dataclass(slots=True)  # one per unfinished action: at 10^5 of them, slots halve the memory
 class ActionRecord:
     action_id: str
     kind: str  # exec | call | lease | open
