@@ -94,6 +94,11 @@ class Journal:
     def text(self) -> str:
         return "".join(line + "\n" for line in self.lines)
 
+    def flush(self) -> None:
+        """Hand buffered records to the OS (a file stream); nothing for an in-memory journal."""
+        if self.stream is not None:
+            self.stream.flush()
+
     def close(self) -> None:
         if self.stream is not None:
             self.stream.close()

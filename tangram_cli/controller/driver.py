@@ -40,20 +40,25 @@ Dispatch = Callable[[ev.Event, list[Command]], None]
 
 class Journal(Protocol):
     def append(self, t: float, event: ev.Event, commands: list[Command]) -> None: ...
+    def flush(self) -> None: ...
     def close(self) -> None: ...
 
 
 class LiveJournal:
-    """The shared canonical journal (`tangram.journal`), flushed after every record so a
-    crashed controller leaves a complete prefix."""
+    """The shared canonical journal (`tangram.journal`). Records are buffered and handed to the
+    OS when the driver goes idle and at least every `SLICE_S` while it is busy (`flush`), so a
+    killed controller leaves a complete prefix missing at most the last slice; there is no
+    fsync (a machine crash can lose what the OS had not written). A write per record would
+    cost more than the decision it records."""
 
     def __init__(self, path: str, **meta: Any) -> None:
         self._journal = SharedJournal.to_path(path, **meta)
 
     def append(self, t: float, event: ev.Event, commands: list[Command]) -> None:
         self._journal.append(t, event, commands)
-        if self._journal.stream is not None:
-            self._journal.stream.flush()
+
+    def flush(self) -> None:
+        self._journal.flush()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -62,6 +67,9 @@ class LiveJournal:
 
 class NullJournal:
     def append(self, t: float, event: ev.Event, commands: list[Command]) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def close(self) -> None:
@@ -113,6 +121,12 @@ class Driver:
         self.loop_lag_s = 0.0  # longest single handle+dispatch, for status
         self.yields = 0  # times a long drain gave the loop back (SLICE_S)
         self.decide = LatencyWindow()  # core.handle times (s), for status p50/p99
+
+    def _flush(self) -> None:
+        try:
+            self.journal.flush()
+        except Exception:
+            log.exception("journal flush failed")
 
     def post(self, event: ev.Event, after: After | None = None) -> None:
         self.inbox.put_nowait((event, after))
@@ -173,8 +187,10 @@ class Driver:
                         log.exception("core.handle failed for %r", event)
                     if time.perf_counter() >= slice_end:
                         self.yields += 1
+                        self._flush()
                         await asyncio.sleep(0)
                         slice_end = time.perf_counter() + SLICE_S
+                self._flush()  # idle: what was decided reaches the OS before the driver sleeps
         finally:
             if getter is not None:
                 getter.cancel()
