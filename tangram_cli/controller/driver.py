@@ -16,6 +16,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -31,6 +32,10 @@ from tangram.journal import Journal as SharedJournal
 __all__ = ["Driver", "LiveJournal", "NullJournal", "WallClock", "open_journal"]
 
 log = logging.getLogger("tangram.controller.driver")
+
+# Events that only follow something the core already did (a start, a node's arrival), so they
+# may overtake queued submissions without reordering anything a client said.
+URGENT = (ev.ActionFinished, ev.NodeLost, ev.NodeJoined, ev.ServiceEvicted)
 
 SLICE_S = 0.02  # the longest the driver handles queued events before it lets the loop run
 
@@ -116,7 +121,9 @@ class Driver:
         self.clock = clock
         self.journal = journal
         self.dispatch = dispatch
-        self.inbox: asyncio.Queue[tuple[ev.Event, After | None]] = asyncio.Queue()
+        self._urgent: collections.deque[tuple[ev.Event, After | None]] = collections.deque()
+        self._normal: collections.deque[tuple[ev.Event, After | None]] = collections.deque()
+        self._wake = asyncio.Event()
         self.handled = 0
         self.loop_lag_s = 0.0  # longest single handle+dispatch, for status
         self.yields = 0  # times a long drain gave the loop back (SLICE_S)
@@ -129,7 +136,15 @@ class Driver:
             log.exception("journal flush failed")
 
     def post(self, event: ev.Event, after: After | None = None) -> None:
-        self.inbox.put_nowait((event, after))
+        """Queue an event for the core. Completions and node changes go first: they free units
+        and answer clients, and a burst of submissions must not starve them. Everything a
+        client sends (submissions, cancels, ClientGone) keeps its arrival order."""
+        (self._urgent if isinstance(event, URGENT) else self._normal).append((event, after))
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._urgent) + len(self._normal)
 
     def step(self, event: ev.Event, after: After | None = None) -> list[Command]:
         """Handle one event now (driver task only)."""
@@ -159,38 +174,43 @@ class Driver:
         self.loop_lag_s = max(self.loop_lag_s * 0.99, time.perf_counter() - started)
         return commands
 
+    def _next(self) -> tuple[ev.Event, After | None] | None:
+        if self._urgent:
+            return self._urgent.popleft()
+        if self._normal:
+            return self._normal.popleft()
+        return None
+
     async def run(self) -> None:
-        getter: asyncio.Task[tuple[ev.Event, After | None]] | None = None
-        try:
-            while True:
-                if getter is None:
-                    getter = asyncio.ensure_future(self.inbox.get())
-                timeout = self.clock.until(self.core.next_deadline())
-                done, _ = await asyncio.wait({getter}, timeout=timeout)
-                if getter in done:
-                    event, after = getter.result()
-                    getter = None
-                else:
-                    event, after = ev.Tick(), None
-                try:
-                    self.step(event, after)
-                except Exception:
-                    log.exception("core.handle failed for %r", event)
-                # drain whatever is already queued before sleeping again, but give the loop back
-                # every SLICE_S so sockets, heartbeats and status keep being served during a burst
-                slice_end = time.perf_counter() + SLICE_S
-                while getter is None and not self.inbox.empty():
-                    event, after = self.inbox.get_nowait()
-                    try:
-                        self.step(event, after)
-                    except Exception:
-                        log.exception("core.handle failed for %r", event)
-                    if time.perf_counter() >= slice_end:
-                        self.yields += 1
-                        self._flush()
-                        await asyncio.sleep(0)
-                        slice_end = time.perf_counter() + SLICE_S
+        """Handle events until cancelled: completions first, then the rest in arrival order; a
+        `Tick` when nothing arrives before the core's next deadline; the loop is given back every
+        `SLICE_S` so sockets, heartbeats and status are served during a burst."""
+        while True:
+            item = self._next()
+            if item is None:
                 self._flush()  # idle: what was decided reaches the OS before the driver sleeps
-        finally:
-            if getter is not None:
-                getter.cancel()
+                self._wake.clear()
+                timeout = self.clock.until(self.core.next_deadline())
+                try:
+                    if timeout is None:
+                        await self._wake.wait()
+                    else:
+                        await asyncio.wait_for(self._wake.wait(), timeout)
+                except (TimeoutError, asyncio.TimeoutError):
+                    self._run_step(ev.Tick(), None)
+                continue
+            slice_end = time.perf_counter() + SLICE_S
+            while item is not None:
+                self._run_step(*item)
+                if time.perf_counter() >= slice_end:
+                    self.yields += 1
+                    self._flush()
+                    await asyncio.sleep(0)
+                    slice_end = time.perf_counter() + SLICE_S
+                item = self._next()
+
+    def _run_step(self, event: ev.Event, after: After | None) -> None:
+        try:
+            self.step(event, after)
+        except Exception:
+            log.exception("core.handle failed for %r", event)

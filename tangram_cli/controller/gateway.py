@@ -19,8 +19,9 @@ Rules (docs/protocol.md, "Controller behaviour"):
 6. Backpressure: a request that would start work (open, put, get, exec, call, lease) while its
    client has `max_outstanding_per_client` requests pending or replies undelivered, or (for an
    action) while `max_queued` actions are unfinished, gets `Error(RETRY_LATER, retryable)` at
-   once; it is not submitted and its id is not recorded. Cancel, close and release are never
-   refused. A final reply the ROUTER cannot send (HWM, EAGAIN, peer reconnecting) waits in the
+   once; it is not submitted, and the refusal is cached like any final reply (a copy of that
+   request id gets the same refusal; the client library resubmits under a new id, so refused
+   work never runs twice). Cancel, close and release are never refused. A final reply the ROUTER cannot send (HWM, EAGAIN, peer reconnecting) waits in the
    client's bounded outbox and is retried on the client's next message or heartbeat; when the
    outbox is full, the client's unfinished actions are cancelled (their errors, like every final
    reply, stay in the reply cache for a resent request).
@@ -242,7 +243,10 @@ class Gateway:
             )
         if not text:
             return False
-        self._send(ident, protocol.Error("RETRY_LATER", f"{text}; back off and resubmit", True), rid)
+        # Recorded like any final reply: a copy of this request id arriving later (a resend after a
+        # lost link) gets this refusal again instead of being admitted, while the client library
+        # resubmits the work under a new id; so a refused request can never run as well.
+        self.final(ident, rid, protocol.Error("RETRY_LATER", f"{text}; back off and resubmit", True))
         return True
 
     def fail(self, ident: bytes, rid: int, exc: BaseException) -> None:

@@ -64,10 +64,15 @@ async def test_client_over_its_cap_gets_retry_later_and_others_are_served(
     # another client is served meanwhile
     async with tangram.AsyncClient(c.submit_addr) as tg, tg.sandbox() as env:
         assert (await env.exec("echo other", cpus=1, timeout=5)).stdout == "other\n"
-    # once the first two finish, the same request id (never recorded) goes through
+    # once the first two finish, a copy of the refused request id still gets the refusal (it is
+    # cached like any final reply, so a late resend can never run it); a new request id runs
     assert all(e.msg.body["exit_code"] == 0 for e in (await finals(raw, {2, 3})).values())
     await raw.send(p.Exec(sb, "echo third", 1, 1), 4)
-    done = await raw.final(4)
+    again = await raw.final(4)
+    assert isinstance(again.msg, p.Error) and again.msg.code == "RETRY_LATER"
+    assert counters(c)["replayed"] == 1
+    await raw.send(p.Exec(sb, "echo third", 1, 1), 6)
+    done = await raw.final(6)
     assert isinstance(done.msg, p.Result) and done.blobs[0] == b"third\n"
     assert len(agent.runs) == 4  # 2 + the other client's + the resubmitted one: the refusal ran nothing
     rows = c._records(["clients"], 10)["clients"]
@@ -93,8 +98,10 @@ async def test_global_cap_on_queued_actions(make_controller, make_agent, raw_cli
     assert isinstance((await b.final(3)).msg, p.Result)
     assert counters(c)["retry_later_global"] == 1
     await finals(a, {2, 3})
-    await b.send(p.Exec(sbb, "echo b", 1, 1), 2)
-    assert (await b.final(2)).blobs[0] == b"b\n"
+    await b.send(p.Exec(sbb, "echo b", 1, 1), 2)  # the refused id: its refusal again
+    assert (await b.final(2)).msg.code == "RETRY_LATER"
+    await b.send(p.Exec(sbb, "echo b", 1, 1), 4)  # a new id runs
+    assert (await b.final(4)).blobs[0] == b"b\n"
 
 
 async def test_client_library_retries_retry_later_with_backoff(
