@@ -1,7 +1,14 @@
 """`tangram bench dispatch`: per-action overhead and control-plane throughput on this machine.
 
-Starts a controller (in this process) and one real agent (`python -m agent`, a subprocess) on
-127.0.0.1 random ports, once per executor: `process`, and `docker` when dockerd answers.
+One real agent (`python -m agent`, a subprocess) per executor: `process`, and `docker` when
+dockerd answers. Layouts (`--layout`, printed in the output):
+
+- `separate` (default): the controller runs in its own process (`tangram controller`), the
+  clients in this one, as rollout code would.
+- `inprocess`: the controller and the clients share this process's asyncio loop (the
+  controller then pays for the clients' CPU).
+
+Measured, in one run per executor:
 
 - Overhead: `-n` no-op actions (`true`, 1 core) one after another from one client; per
   action, overhead = client-measured submit -> result time minus the agent-measured run time
@@ -9,24 +16,41 @@ Starts a controller (in this process) and one real agent (`python -m agent`, a s
   latency next to it.
 - Throughput: `--clients` clients, each with its own sandbox, submit `-n` no-op actions in
   total as fast as replies come back; actions per second over the whole run.
+- Raw spawn baseline, before any daemon starts: an asyncio loop spawning `taskset -c N true`
+  (`asyncio.create_subprocess_exec`, cores round-robin) at the throughput run's concurrency,
+  and a plain `os.posix_spawn` loop (vfork + exec, reaped through pidfds) at the same
+  concurrency. `ratio_to_raw_spawn` is the throughput over the asyncio baseline.
 
-Figures only; nothing is asserted (the fast-path goals are a later issue).
+Figures only; the goals (issue 9) are printed next to them, never asserted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
+import select
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
+
+from tangram_cli.bench_procs import ControllerProc, proc_cpu_s, start_real_agent, wait_nodes
+
+GOALS = {
+    "process": {"throughput_actions_per_s": 1000, "ratio_to_raw_spawn": 1.3, "latency_p50_ms": 3.0},
+    "docker": {"throughput_actions_per_s": 700, "latency_p50_ms": 4.0},
+}
+LAYOUTS = {
+    "separate": "controller in its own process; agent in its own process; clients in the bench process",
+    "inprocess": "controller and clients in one asyncio loop (the bench process); agent in its own process",
+}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -56,145 +80,298 @@ def _docker_url() -> str | None:
     return url
 
 
-async def _bench_one(
-    executor: str, n: int, clients: int, cpus: str, image: str | None, env: dict[str, str]
-) -> dict[str, Any]:
-    import tangram
-    from tangram_cli.controller.config import ControllerConfig
-    from tangram_cli.controller.daemon import Controller, Options
+# ------------------------------------------------------------------ raw spawn baselines
 
-    out: dict[str, Any] = {"executor": executor, "n": n, "clients": clients}
-    controller = Controller(ControllerConfig(cluster="bench"), Options())
-    controller.start()
-    workdir = tempfile.mkdtemp(prefix="tangram-bench-")
-    argv = [
-        sys.executable,
-        "-m",
-        "agent",
-        "--controller",
-        controller.agents_addr,
-        "--name",
-        "bench",
-        "--executor",
-        executor,
-        "--cpus",
-        cpus,
-        "--workdir",
-        workdir,
-        "--cluster",
-        "bench",
-        "--log-level",
-        "WARNING",
-    ]
-    if image:
-        argv += ["--image", image]
-    log = open(os.path.join(workdir, "agent.log"), "ab")  # noqa: SIM115 - closed below
-    agent = subprocess.Popen(argv, stdout=log, stderr=log, env={**os.environ, **env})
-    try:
-        deadline = time.monotonic() + 30
-        while "bench" not in controller.core.cpu.nodes:
-            if agent.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the agent did not register (see its log in " + workdir + ")")
-            await asyncio.sleep(0.05)
-        async with (
-            tangram.AsyncClient(controller.submit_addr, name="bench-overhead") as tg,
-            tg.sandbox(mem="256MiB") as sb,
-        ):
-            for _ in range(min(5, n)):  # warm-up: sandbox creation, first exec
-                await sb.exec("true", timeout=60)
-            latency, overhead, ctl = [], [], []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                r = await sb.exec("true", timeout=60)
-                total = time.perf_counter() - t0
-                latency.append(total)
-                overhead.append(max(0.0, total - r.run_s))
-                ctl.append(r.overhead_s)
-        out.update(
-            {
-                "latency_p50_ms": _pct(latency, 0.5) * 1e3,
-                "latency_p99_ms": _pct(latency, 0.99) * 1e3,
-                "overhead_p50_ms": _pct(overhead, 0.5) * 1e3,
-                "overhead_p99_ms": _pct(overhead, 0.99) * 1e3,
-                "controller_overhead_p50_ms": _pct(ctl, 0.5) * 1e3,
-                "overhead_mean_ms": statistics.fmean(overhead) * 1e3 if overhead else float("nan"),
-            }
-        )
 
-        async def worker(k: int, count: int) -> int:
-            async with (
-                tangram.AsyncClient(controller.submit_addr, name=f"bench-{k}") as c,
-                c.sandbox(mem="64MiB") as s,
-            ):
-                await s.exec("true", timeout=60)
-                for _ in range(count):
-                    await s.exec("true", timeout=120)
-            return count
+def _cores(cpus: str) -> list[int]:
+    out: list[int] = []
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out or [0]
 
-        per = [n // clients + (1 if k < n % clients else 0) for k in range(clients)]
-        t0 = time.perf_counter()
-        done = await asyncio.gather(*(worker(k, c) for k, c in enumerate(per) if c))
-        wall = time.perf_counter() - t0
-        out.update(
-            {
-                "throughput_actions_per_s": sum(done) / wall if wall > 0 else float("nan"),
-                "throughput_wall_s": wall,
-            }
-        )
-    except Exception as exc:  # noqa: BLE001 - report per executor, keep going
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        if agent.poll() is None:
-            agent.terminate()
-            try:
-                await asyncio.get_running_loop().run_in_executor(None, agent.wait, 10)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-        log.close()
-        await controller.stop()
-        with contextlib.suppress(OSError):
-            import shutil
 
-            shutil.rmtree(workdir, ignore_errors=True)
+def _spawn_argv(core: int) -> list[str]:
+    taskset = shutil.which("taskset")
+    return [taskset, "-c", str(core), "true"] if taskset else ["true"]
+
+
+async def raw_spawn_asyncio(n: int, concurrency: int, cpus: str) -> dict[str, Any]:
+    """`n` spawns of `taskset -c N true` from `concurrency` asyncio workers; rate and latency."""
+    cores, latency = _cores(cpus), []
+    argvs = [_spawn_argv(c) for c in cores]
+    left = iter(range(n))
+
+    async def worker() -> None:
+        for i in left:
+            t0 = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec(
+                *argvs[i % len(argvs)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+            )
+            await proc.wait()
+            latency.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+    wall = time.perf_counter() - t0
+    return {"actions_per_s": n / wall, "p50_ms": _pct(latency, 0.5) * 1e3, "cmd": " ".join(argvs[0])}
+
+
+def raw_posix_spawn(n: int, concurrency: int, cpus: str) -> dict[str, Any]:
+    """`n` `os.posix_spawn`s of `taskset -c N true`, `concurrency` in flight, reaped via pidfds."""
+    argvs = [_spawn_argv(c) for c in _cores(cpus)]
+    env = dict(os.environ)
+    poller = select.poll()
+    running: dict[int, tuple[int, float]] = {}  # pidfd -> (pid, start)
+    latency: list[float] = []
+    started = 0
+    t0 = time.perf_counter()
+    while started < n or running:
+        while started < n and len(running) < max(1, concurrency):
+            argv = argvs[started % len(argvs)]
+            t = time.perf_counter()
+            pid = os.posix_spawn(argv[0], argv, env)
+            fd = os.pidfd_open(pid)
+            poller.register(fd, select.POLLIN)
+            running[fd] = (pid, t)
+            started += 1
+        for fd, _ in poller.poll(1000):
+            pid, t = running.pop(fd)
+            os.waitpid(pid, 0)
+            latency.append(time.perf_counter() - t)
+            poller.unregister(fd)
+            os.close(fd)
+    wall = time.perf_counter() - t0
+    return {"actions_per_s": n / wall, "p50_ms": _pct(latency, 0.5) * 1e3}
+
+
+async def _raw(n: int, concurrency: int, cpus: str) -> dict[str, Any]:
+    a = await raw_spawn_asyncio(n, concurrency, cpus)
+    out = {
+        "raw_spawn_cmd": a["cmd"],
+        "raw_spawn_actions_per_s": a["actions_per_s"],
+        "raw_spawn_p50_ms": a["p50_ms"],
+    }
+    if hasattr(os, "pidfd_open") and hasattr(os, "posix_spawn"):
+        b = raw_posix_spawn(n, concurrency, cpus)
+        out.update(raw_posix_spawn_actions_per_s=b["actions_per_s"], raw_posix_spawn_p50_ms=b["p50_ms"])
     return out
 
 
+# ------------------------------------------------------------------ the live path
+
+
+@dataclass
+class _Cluster:
+    """A controller (in this process or its own) plus one real agent."""
+
+    layout: str
+    workdir: str
+    submit_addr: str = ""
+    controller: Any = None
+    proc: ControllerProc | None = None
+    agent: subprocess.Popen[bytes] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    async def start(self, executor: str, cpus: str, image: str | None, env: dict[str, str]) -> None:
+        if self.layout == "inprocess":
+            from tangram_cli.controller.config import ControllerConfig
+            from tangram_cli.controller.daemon import Controller, Options
+
+            self.controller = Controller(ControllerConfig(cluster="bench"), Options())
+            self.controller.start()
+            agents_addr, self.submit_addr = self.controller.agents_addr, self.controller.submit_addr
+        else:
+            self.proc = await asyncio.to_thread(ControllerProc(self.workdir).start)
+            agents_addr, self.submit_addr = self.proc.agents_addr, self.proc.submit_addr
+        self.agent = start_real_agent(agents_addr, "bench", executor, cpus, self.workdir, image, env)
+        deadline = time.monotonic() + 30
+        if self.proc is not None:
+            await asyncio.to_thread(wait_nodes, self.proc.status_addr, ["bench"], [self.agent], 30)
+            return
+        while "bench" not in self.controller.core.cpu.nodes:
+            if self.agent.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the agent did not register (see its log in " + self.workdir + ")")
+            await asyncio.sleep(0.05)
+
+    def cpu(self) -> dict[str, float | None]:
+        """CPU seconds so far of the controller process (None in process), the agent and this process."""
+        return {
+            "controller": self.proc.cpu_s() if self.proc is not None else None,
+            "agent": proc_cpu_s(self.agent.pid) if self.agent is not None else None,
+            "bench": proc_cpu_s(os.getpid()),
+        }
+
+    async def stop(self) -> None:
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.terminate()
+            try:
+                await asyncio.to_thread(self.agent.wait, 10)
+            except subprocess.TimeoutExpired:
+                self.agent.kill()
+        if self.controller is not None:
+            await self.controller.stop()
+        if self.proc is not None:
+            await asyncio.to_thread(self.proc.stop)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+async def _overhead(addr: str, n: int) -> dict[str, Any]:
+    import tangram
+
+    async with tangram.AsyncClient(addr, name="bench-overhead") as tg, tg.sandbox(mem="256MiB") as sb:
+        for _ in range(min(5, n)):  # warm-up: sandbox creation, first exec
+            await sb.exec("true", timeout=60)
+        latency, overhead, ctl = [], [], []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            r = await sb.exec("true", timeout=60)
+            total = time.perf_counter() - t0
+            latency.append(total)
+            overhead.append(max(0.0, total - r.run_s))
+            ctl.append(r.overhead_s)
+    return {
+        "latency_p50_ms": _pct(latency, 0.5) * 1e3,
+        "latency_p99_ms": _pct(latency, 0.99) * 1e3,
+        "overhead_p50_ms": _pct(overhead, 0.5) * 1e3,
+        "overhead_p99_ms": _pct(overhead, 0.99) * 1e3,
+        "controller_overhead_p50_ms": _pct(ctl, 0.5) * 1e3,
+        "overhead_mean_ms": statistics.fmean(overhead) * 1e3 if overhead else float("nan"),
+    }
+
+
+async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]:
+    import tangram
+
+    async def worker(k: int, count: int, go: asyncio.Event) -> int:
+        async with (
+            tangram.AsyncClient(cluster.submit_addr, name=f"bench-{k}") as c,
+            c.sandbox(mem="64MiB") as s,
+        ):
+            await s.exec("true", timeout=60)
+            ready.append(k)
+            await go.wait()
+            for _ in range(count):
+                await s.exec("true", timeout=120)
+        return count
+
+    per = [n // clients + (1 if k < n % clients else 0) for k in range(clients)]
+    ready: list[int] = []
+    go = asyncio.Event()
+    tasks = [asyncio.ensure_future(worker(k, c, go)) for k, c in enumerate(per) if c]
+    while len(ready) < len(tasks) and not any(t.done() for t in tasks):  # noqa: ASYNC110 - a failed worker ends it
+        await asyncio.sleep(0.01)
+    cpu0 = cluster.cpu()
+    t0 = time.perf_counter()
+    go.set()
+    done = await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t0
+    cpu1 = cluster.cpu()
+    out = {
+        "throughput_actions_per_s": sum(done) / wall if wall > 0 else float("nan"),
+        "throughput_wall_s": wall,
+    }
+    for who, name in (("controller", "controller"), ("agent", "agent"), ("bench", "bench_process")):
+        a, b = cpu0[who], cpu1[who]
+        if (
+            a is not None and b is not None
+        ):  # the bench process holds the clients (and the controller if inprocess)
+            out[f"{name}_cpu_ms_per_action"] = (b - a) * 1e3 / max(1, sum(done))
+    return out
+
+
+async def _bench_one(
+    executor: str, n: int, clients: int, cpus: str, image: str | None, env: dict[str, str], layout: str
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "executor": executor,
+        "n": n,
+        "clients": clients,
+        "layout": layout,
+        "layout_detail": LAYOUTS[layout],
+        "throughput_concurrency": clients,
+        "goals": GOALS.get(executor, {}),
+    }
+    try:
+        out.update(await _raw(n, clients, cpus))
+    except OSError as exc:
+        out["raw_spawn_error"] = f"{type(exc).__name__}: {exc}"
+    cluster = _Cluster(layout, tempfile.mkdtemp(prefix="tangram-bench-"))
+    try:
+        await cluster.start(executor, cpus, image, env)
+        out.update(await _overhead(cluster.submit_addr, n))
+        out.update(await _throughput(cluster, n, clients))
+        raw = out.get("raw_spawn_actions_per_s")
+        if raw:
+            out["ratio_to_raw_spawn"] = out["throughput_actions_per_s"] / raw
+        if out.get("raw_posix_spawn_actions_per_s"):
+            out["ratio_to_posix_spawn"] = (
+                out["throughput_actions_per_s"] / out["raw_posix_spawn_actions_per_s"]
+            )
+    except Exception as exc:  # noqa: BLE001 - report per executor, keep going
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        await cluster.stop()
+    return out
+
+
+# (label, JSON keys shown "a / b", number format, unit, goal key, goal text)
+_FIGURES = (
+    ("overhead p50 / p99", ("overhead_p50_ms", "overhead_p99_ms"), "{:.2f}", " ms", None, ""),
+    (
+        "latency p50 / p99",
+        ("latency_p50_ms", "latency_p99_ms"),
+        "{:.2f}",
+        " ms",
+        "latency_p50_ms",
+        "p50 ≤ {} ms",
+    ),
+    ("throughput", ("throughput_actions_per_s",), "{:.0f}", " /s", "throughput_actions_per_s", "≥ {} /s"),
+    ("raw spawn (asyncio)", ("raw_spawn_actions_per_s",), "{:.0f}", " /s", None, ""),
+    ("raw spawn (posix_spawn)", ("raw_posix_spawn_actions_per_s",), "{:.0f}", " /s", None, ""),
+    ("ratio to raw spawn", ("ratio_to_raw_spawn",), "{:.2f}", "x", "ratio_to_raw_spawn", "≥ {}x"),
+    ("CPU / action: controller", ("controller_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
+    ("CPU / action: agent", ("agent_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
+    ("CPU / action: bench process", ("bench_process_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
+)
+
+
+def _cell(row: dict[str, Any], keys: tuple[str, ...], number: str, unit: str) -> str:
+    values = [row.get(k) for k in keys]
+    if all(v is None for v in values):
+        return "failed" if "error" in row else "-"
+    return " / ".join("-" if v is None else number.format(v) for v in values) + unit
+
+
 def _print_table(rows: list[dict[str, Any]]) -> None:
+    """One row per figure, one column per executor, the goals beside them."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="tangram bench dispatch (no-op actions, one local agent)")
-    for col in (
-        "executor",
-        "n",
-        "overhead p50",
-        "overhead p99",
-        "latency p50",
-        "latency p99",
-        "throughput",
-        "clients",
-    ):
-        table.add_column(col, justify="left" if col == "executor" else "right")
-    errors = []
+    first = rows[0] if rows else {}
+    table = Table(
+        title=f"tangram bench dispatch: no-op actions, one local agent, n={first.get('n', '-')}, "
+        f"{first.get('clients', '-')} clients"
+    )
+    table.add_column("figure")
     for r in rows:
-        if "error" in r:
-            table.add_row(r["executor"], str(r["n"]), "failed", "-", "-", "-", "-", str(r["clients"]))
-            errors.append(f"{r['executor']}: {r['error']}")
-            continue
-        table.add_row(
-            r["executor"],
-            str(r["n"]),
-            f"{r['overhead_p50_ms']:.2f} ms",
-            f"{r['overhead_p99_ms']:.2f} ms",
-            f"{r['latency_p50_ms']:.2f} ms",
-            f"{r['latency_p99_ms']:.2f} ms",
-            f"{r['throughput_actions_per_s']:.0f} /s",
-            str(r["clients"]),
-        )
+        table.add_column(r["executor"], justify="right")
+    table.add_column("goal (process; docker)", justify="right")
+    for label, keys, number, unit, goal_key, goal_text in _FIGURES:
+        goals = "; ".join(goal_text.format(g[goal_key]) for g in GOALS.values() if goal_key in g)
+        table.add_row(label, *(_cell(r, keys, number, unit) for r in rows), goals or "-")
     console = Console()
     console.print(table)
-    for line in errors:
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if rows:
+        console.print(f"layout: {first['layout_detail']}", markup=False, highlight=False)
+        console.print(
+            f"raw spawn: `{first.get('raw_spawn_cmd', '-')}` (cores round-robin) at the clients' concurrency",
+            markup=False,
+            highlight=False,
+        )
+    for r in rows:
+        if "error" in r:
+            console.print(f"{r['executor']}: {r['error']}", markup=False, highlight=False, soft_wrap=True)
 
 
 @click.command("dispatch")
@@ -211,7 +388,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     type=click.IntRange(1, 1024),
     default=16,
     show_default=True,
-    help="Concurrent clients for the throughput run.",
+    help="Concurrent clients for the throughput run (and spawners for the raw baseline).",
 )
 @click.option(
     "--executor",
@@ -222,11 +399,24 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 )
 @click.option("--cpus", default=None, help="Cores the agent hands out (default: 0-1, or 0 on one core).")
 @click.option("--image", default=None, help="Sandbox image for the docker executor (default: the agent's).")
+@click.option(
+    "--layout",
+    type=click.Choice(sorted(LAYOUTS)),
+    default="separate",
+    show_default=True,
+    help="separate: the controller in its own process; inprocess: controller and clients in one loop.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def dispatch(
-    n: int, clients: int, executors: tuple[str, ...], cpus: str | None, image: str | None, as_json: bool
+    n: int,
+    clients: int,
+    executors: tuple[str, ...],
+    cpus: str | None,
+    image: str | None,
+    layout: str,
+    as_json: bool,
 ) -> None:
-    """Per-action overhead (p50/p99) and control-plane throughput, per executor."""
+    """Per-action overhead (p50/p99) and control-plane throughput, per executor, next to raw spawns."""
     import logging
 
     logging.getLogger("tangram").setLevel(logging.ERROR)
@@ -254,6 +444,7 @@ def dispatch(
                     cpus,
                     image if ex == "docker" else None,
                     docker_env if ex == "docker" else {},
+                    layout,
                 )
             )
         return rows
@@ -263,3 +454,7 @@ def dispatch(
         click.echo(json.dumps({"dispatch": rows}, indent=2, default=str))
     else:
         _print_table(rows)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(dispatch())

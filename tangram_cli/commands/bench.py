@@ -10,12 +10,15 @@ from tangram_cli.bench_scheduler import scheduler
 
 @click.group("bench")
 def command() -> None:
-    """Benchmarks: scheduler decision latency, per-action dispatch overhead."""
+    """Benchmarks: scheduler decision latency, dispatch overhead, burst and scale of the live controller."""
 
 
 command.add_command(scheduler)
 
-if importlib.util.find_spec("tangram_cli.bench_dispatch") is not None:
-    from tangram_cli.bench_dispatch import dispatch
-
-    command.add_command(dispatch)
+for _module, _name in (
+    ("tangram_cli.bench_dispatch", "dispatch"),
+    ("tangram_cli.bench_burst", "burst"),
+    ("tangram_cli.bench_scale", "scale"),
+):
+    if importlib.util.find_spec(_module) is not None:
+        command.add_command(getattr(importlib.import_module(_module), _name))

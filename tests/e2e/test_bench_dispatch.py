@@ -1,17 +1,34 @@
-"""`tangram bench dispatch` runs end to end and prints figures (never asserted beyond sanity)."""
+"""`tangram bench dispatch` runs end to end and prints figures (shape only; timings are never asserted)."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
-from tangram_cli.bench_dispatch import dispatch
+from tangram_cli.bench_dispatch import dispatch, raw_posix_spawn
 
 
-def test_bench_dispatch_json_process_executor() -> None:
-    result = CliRunner().invoke(dispatch, ["-n", "5", "--clients", "2", "--executor", "process", "--json"])
+@pytest.mark.parametrize("layout", ["separate", "inprocess"])
+def test_bench_dispatch_json_process_executor(layout: str) -> None:
+    args = ["-n", "5", "--clients", "2", "--executor", "process", "--layout", layout, "--json"]
+    result = CliRunner().invoke(dispatch, args)
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.output)["dispatch"]
     assert "error" not in row, row
-    assert row["executor"] == "process" and row["overhead_p50_ms"] > 0 and row["throughput_actions_per_s"] > 0
+    assert row["executor"] == "process"
+    assert row["overhead_p50_ms"] > 0
+    assert row["throughput_actions_per_s"] > 0
+    assert row["layout"] == layout
+    assert row["throughput_concurrency"] == 2
+    assert row["raw_spawn_actions_per_s"] > 0
+    assert row["ratio_to_raw_spawn"] > 0
+    assert "taskset" in row["raw_spawn_cmd"] or row["raw_spawn_cmd"] == "true"
+    assert ("controller_cpu_ms_per_action" in row) == (layout == "separate")
+
+
+def test_raw_posix_spawn_reaps_every_child() -> None:
+    out = raw_posix_spawn(6, 3, "0")
+    assert out["actions_per_s"] > 0
+    assert out["p50_ms"] > 0
