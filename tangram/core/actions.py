@@ -116,7 +116,12 @@ class ActionSpec:
 
     @property
     def key_demand(self) -> Demand:
-        return self.demand_of(self.key)
+        """The demand of the key resource (kept on the spec: every pass reads it)."""
+        try:
+            return self.__dict__["_key_demand"]  # type: ignore[no-any-return]
+        except KeyError:
+            d = self.__dict__["_key_demand"] = self.demand_of(self.key)
+            return d
 
 
 class DurationHistory:

@@ -10,26 +10,190 @@ relative to now.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tangram.core.dp import PrefixTable
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Behind:
-    """A waiting action behind the candidates: (units, duration) options, minimum first."""
+    """A waiting action behind the candidates: (units, duration) options, minimum first.
+    ``first`` is the first option; ``choices`` the options by units when there are several
+    (None otherwise); ``settled``: no duration is negative, so once an option cannot start
+    before the best end so far, no option with more units can end sooner. What ApproxACTs
+    reads, prepared once."""
 
     options: tuple[tuple[int, float], ...]
+    first: tuple[int, float] = field(init=False, repr=False, compare=False)
+    choices: tuple[tuple[int, float], ...] | None = field(init=False, repr=False, compare=False)
+    settled: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "first", self.options[0])
+        by_units = tuple(sorted(self.options, key=lambda o: o[0])) if len(self.options) > 1 else None
+        object.__setattr__(self, "choices", by_units)
+        object.__setattr__(self, "settled", all(d >= 0.0 for _, d in self.options))
 
 
-def _start_when(heap: list[tuple[float, int]], free: int, need: int, clock: float) -> tuple[float, int]:
-    """Pop completions until ``need`` units are free; returns (start, free)."""
-    while free < need and heap:
-        t, u = heapq.heappop(heap)
-        clock = max(clock, t)
-        free += u
-    return clock, free
+Release = tuple[float, int]  # (time, units)
+Chosen = tuple[int, float, tuple[float, int, int, int] | None]  # units, duration, where it starts
+
+
+class _Timeline:
+    """The running actions' releases, sorted once (with their units' prefix sums) and
+    shared by every plan that ``objective`` scores. A plan's own starts go to a small heap;
+    the next release is the earlier of that heap's top and the static cursor's, so the
+    releases are taken in exactly the order that popping one merged heap would take them."""
+
+    __slots__ = ("prefix", "static", "units")
+
+    def __init__(self, running: Sequence[Release]) -> None:
+        self.static = sorted((t if t > 0.0 else 0.0, u) for t, u in running)
+        self.prefix = [0]
+        for _, u in self.static:
+            self.prefix.append(self.prefix[-1] + u)
+        self.units = self.prefix[-1]
+
+    def start_when(self, heap: list[Release], p: int, free: int, need: int,
+                   clock: float) -> tuple[float, int, int]:
+        """Take releases, earliest first, until ``need`` units are free; returns (start,
+        free, static cursor). A run of static releases is taken at once by bisecting their
+        unit prefix sums, so waiting for many small releases costs O(log R), not O(R)."""
+        static, prefix = self.static, self.prefix
+        n = len(static)
+        while free < need:
+            if p < n and (not heap or static[p] <= heap[0]):
+                hi = bisect_right(static, heap[0], p) if heap else n
+                m = min(bisect_left(prefix, need - free + prefix[p], p + 1), hi)
+                t = static[m - 1][0]
+                if t > clock:
+                    clock = t
+                free += prefix[m] - prefix[p]
+                p = m
+            elif heap:
+                t, u = heapq.heappop(heap)
+                if t > clock:
+                    clock = t
+                free += u
+            else:
+                break
+        return clock, free, p
+
+    def objective(self, cand_total: float, cand_plan: Sequence[tuple[int, float]],
+                  behind: Sequence[Behind], capacity_free: int, depth: int) -> float:
+        """``cand_total`` plus the completion time of every action in ``behind``."""
+        free = capacity_free
+        heap = []
+        for u, d in cand_plan:
+            free -= u
+            heap.append((d, u))
+        heapq.heapify(heap)
+        total_units = capacity_free + self.units
+        obj, clock, explored, p = cand_total, 0.0, 0, 0
+        push, pop = heapq.heappush, heapq.heappop
+        static = self.static
+        n = len(static)
+        for b in behind:
+            choices = b.choices
+            if choices is not None and explored < depth:
+                explored += 1
+                chosen = self._choose(choices, b.settled, heap, p, free, clock, total_units)
+                if chosen is None:
+                    continue
+                units, dur, at = chosen
+                if at is not None:  # its start is known: take the same releases
+                    clock, free, p, pops = at
+                    for _ in range(pops):
+                        pop(heap)
+            else:
+                units, dur = b.first
+                if units > total_units:
+                    continue
+            if free < units:  # the common case, one release is enough, inline:
+                if heap and (p >= n or heap[0] < static[p]):
+                    r = heap[0]
+                    if r[1] >= units - free:
+                        pop(heap)
+                        free += r[1]
+                        if r[0] > clock:
+                            clock = r[0]
+                    else:
+                        clock, free, p = self.start_when(heap, p, free, units, clock)
+                elif p < n and static[p][1] >= units - free:
+                    r = static[p]
+                    p += 1
+                    free += r[1]
+                    if r[0] > clock:
+                        clock = r[0]
+                else:
+                    clock, free, p = self.start_when(heap, p, free, units, clock)
+            free -= units
+            end = clock + dur
+            push(heap, (end, units))
+            obj += end
+        return obj
+
+    def _choose(self, by_units: tuple[tuple[int, float], ...], settled: bool, heap: list[Release], p: int,
+                free: int, clock: float, total_units: int) -> Chosen | None:
+        """The option that finishes first (the fewest units on a tie) among those the
+        capacity can hold, None if none: (units, duration, where it starts) with where =
+        (clock, free, static cursor, pops from ``heap``) once the releases were walked.
+        While the heap's top comes after the releases an option waits for, its start is read
+        off the static prefix sums (a bisection); otherwise the releases are walked."""
+        if by_units[0][0] > total_units:
+            return None
+        if len(by_units) < 2 or by_units[1][0] > total_units:
+            return by_units[0][0], by_units[0][1], None
+        static, prefix = self.static, self.prefix
+        n = len(static)
+        top = heap[0] if heap else None
+        best_end, best = 0.0, (0, 0.0, None)
+        for i, (units, dur) in enumerate(by_units):
+            if units > total_units:
+                break
+            if free >= units:
+                at = (clock, free, p, 0)
+            else:
+                m = bisect_left(prefix, units - free + prefix[p], p + 1)
+                if m > n or (top is not None and top < static[m - 1]):
+                    return self._walk(by_units, heap, p, free, clock, total_units)
+                t = static[m - 1][0]
+                at = (t if t > clock else clock, free + prefix[m] - prefix[p], m, 0)
+                if settled and i and at[0] >= best_end:  # starts later only: nothing after can win
+                    break
+            if i == 0 or at[0] + dur < best_end:
+                best_end, best = at[0] + dur, (units, dur, at)
+        return best
+
+    def _walk(self, by_units: tuple[tuple[int, float], ...], heap: list[Release], p: int, free: int,
+              clock: float, total_units: int) -> Chosen:
+        """``_choose`` by walking the releases one at a time (static and heap interleave)."""
+        releases = heap.copy()
+        static = self.static
+        n = len(static)
+        pop = heapq.heappop
+        pops = 0
+        best_end, best = 0.0, (0, 0.0, None)
+        for i, (units, dur) in enumerate(by_units):
+            if units > total_units:
+                break
+            while free < units:  # one release at a time: the options are a few units apart
+                if releases and (p >= n or releases[0] < static[p]):
+                    t, u = pop(releases)
+                    pops += 1
+                elif p < n:
+                    t, u = static[p]
+                    p += 1
+                else:
+                    break
+                if t > clock:
+                    clock = t
+                free += u
+            if i == 0 or clock + dur < best_end:
+                best_end, best = clock + dur, (units, dur, (clock, free, p, pops))
+        return best
 
 
 def approx_acts(
@@ -48,61 +212,7 @@ def approx_acts(
     The first ``depth`` actions of ``behind`` that have more than one option may choose
     among them (the one that finishes first); the others take their first option.
     """
-    return _Releases(running).objective(cand_total, cand_plan, behind, capacity_free, depth)
-
-
-class _Releases:
-    """The running actions' releases as a heap, built once and copied per plan."""
-
-    __slots__ = ("heap", "units")
-
-    def __init__(self, running: Sequence[tuple[float, int]]) -> None:
-        self.heap = [(t if t > 0.0 else 0.0, u) for t, u in running]
-        heapq.heapify(self.heap)
-        self.units = sum(u for _, u in running)
-
-    def objective(self, cand_total: float, cand_plan: Sequence[tuple[int, float]],
-                  behind: Sequence[Behind], capacity_free: int, depth: int) -> float:
-        free = capacity_free
-        heap = self.heap.copy()
-        for u, d in cand_plan:
-            free -= u
-            heapq.heappush(heap, (d, u))
-        total_units = capacity_free + self.units
-        obj, clock, explored = cand_total, 0.0, 0
-        push = heapq.heappush
-        for b in behind:
-            opts = b.options
-            if len(opts) > 1 and explored < depth:
-                explored += 1
-                options = [o for o in opts if o[0] <= total_units]
-                if not options:
-                    continue
-                units, dur = options[0] if len(options) == 1 else _best_option(heap, free, clock, options)
-            else:
-                units, dur = opts[0]
-                if units > total_units:
-                    continue
-            if free < units:  # most entries start at once: skip the call
-                clock, free = _start_when(heap, free, units, clock)
-            free -= units
-            push(heap, (clock + dur, units))
-            obj += clock + dur
-        return obj
-
-
-def _best_option(
-    heap: list[tuple[float, int]], free: int, clock: float, options: Sequence[tuple[int, float]]
-) -> tuple[int, float]:
-    """The (units, duration) option that finishes first (the fewest units on a tie). One
-    copy of the heap serves all options: their starts come from one release timeline."""
-    releases, best = list(heap), None
-    for units, dur in sorted(options, key=lambda o: o[0]):
-        clock, free = _start_when(releases, free, units, clock)
-        if best is None or clock + dur < best[0]:
-            best = (clock + dur, units, dur)
-    assert best is not None
-    return best[1], best[2]
+    return _Timeline(running).objective(cand_total, cand_plan, behind, capacity_free, depth)
 
 
 def greedy_eviction(
@@ -124,10 +234,12 @@ def greedy_eviction(
     the caller allows it only when the head could use more units than are free and
     something running will free some."""
     n = len(options)
-    releases = _Releases(running)
+    releases = _Timeline(running)
+    arranged: dict[int, list[int]] = {}
 
     def objective(t: int) -> float:
         total, units = table.best(t)
+        arranged[t] = units
         plan = [(u, options[i][u]) for i, u in enumerate(units)]
         # held-back candidates keep their choice of units (as in the DP), on top of ``depth``
         return releases.objective(total, plan, [*cand_behind[t:], *behind], capacity_free, depth + n - t)
@@ -140,4 +252,4 @@ def greedy_eviction(
         best, t = obj, t - 1
     if hold_all and objective(0) < best:
         return [0] * n
-    return list(table.best(t)[1]) + [0] * (n - t)
+    return list(arranged[t]) + [0] * (n - t)

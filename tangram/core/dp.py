@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
+from itertools import accumulate
 from math import isfinite
 from typing import Final, Protocol
 
@@ -302,12 +303,21 @@ def _convex_curve(opt: Mapping[int, float]) -> Curve | None:
     curve = list(map(float, map(opt.__getitem__, range(lo, hi + 1))))
     if not all(map(isfinite, curve)):
         return None
-    if len(curve) >= 3:
+    if 3 <= len(curve) <= 64:  # plain Python: the same float operations, without numpy's per-call cost
+        low = min(a - 2.0 * b + c for a, b, c in zip(curve, curve[1:], curve[2:]))
+        if low < -CONVEX_RTOL * max(1.0, max(map(abs, curve))):
+            return None
+    elif len(curve) > 64:
         d = np.array(curve)
         second = d[:-2] - 2.0 * d[1:-1] + d[2:]
         if float(second.min()) < -CONVEX_RTOL * max(1.0, float(np.abs(d).max())):
             return None
     return lo, curve
+
+
+def convex_curve(opt: Mapping[int, float]) -> Curve | None:
+    """``(lo, [d(lo), .., d(hi)])`` when ``opt`` is a convex contiguous range, else ``None``."""
+    return _convex_curve(opt)
 
 
 def is_convex_range(opt: Mapping[int, float]) -> bool:
@@ -369,10 +379,13 @@ class GreedyTable:
 
     Every positive marginal gain of every candidate (at most ``capacity`` per candidate) is sorted once by
     (gain descending, candidate, step). For prefix ``t`` the spare units go to the first gains that belong to
-    candidates ``< t``: with convex curves that is exactly the heap greedy's choice.
+    candidates ``< t``: with convex curves that is exactly the heap greedy's choice. Up to ``SMALL_GAINS``
+    gains the work is plain Python (numpy's per-call cost dominates there), beyond it numpy; both give the
+    same owners in the same order.
     """
 
-    __slots__ = ("_capacity", "_lo", "_lo_prefix", "_options", "_sorted_owner")
+    __slots__ = ("_capacity", "_lo", "_lo_prefix", "_options", "_owners", "_sorted_owner")
+    SMALL_GAINS: Final = 512
 
     def __init__(self, options: Options, capacity: int, *, _curves: Sequence[Curve] | None = None) -> None:
         if capacity < 0:
@@ -380,9 +393,15 @@ class GreedyTable:
         self._options = _checked(options)
         self._capacity = capacity
         curves = _convex_curves(self._options) if _curves is None else _curves
-        self._lo = np.array([lo for lo, _ in curves], dtype=np.int64)
-        self._lo_prefix = np.concatenate(([0], np.cumsum(self._lo)))
-        self._sorted_owner = _sorted_gain_owners(curves, capacity)
+        self._lo = [lo for lo, _ in curves]
+        self._lo_prefix = [0, *accumulate(self._lo)]
+        gains = sum(min(len(c), capacity + 1) - 1 for _, c in curves) if capacity >= 1 else 0
+        self._owners: list[int] | None = None  # the small case
+        self._sorted_owner = np.zeros(0, dtype=np.int64)
+        if gains <= self.SMALL_GAINS:
+            self._owners = _sorted_gain_owners_small(curves, capacity)
+        else:
+            self._sorted_owner = _sorted_gain_owners(curves, capacity)
 
     def __len__(self) -> int:
         return len(self._options)
@@ -390,19 +409,23 @@ class GreedyTable:
     def feasible(self, t: int) -> bool:
         """Whether the minimums of the first ``t`` candidates fit in the capacity."""
         _check_prefix(t, len(self))
-        return int(self._lo_prefix[t]) <= self._capacity
+        return self._lo_prefix[t] <= self._capacity
 
     def best(self, t: int | None = None) -> Arrangement:
         """The optimum for the first ``t`` candidates (all if ``None``); :class:`Infeasible` if none fits."""
         t = len(self) if t is None else t
         _check_prefix(t, len(self))
-        spare = self._capacity - int(self._lo_prefix[t])
+        spare = self._capacity - self._lo_prefix[t]
         if spare < 0:
             raise Infeasible(
                 f"the minimums of the first {t} candidates need {spare + self._capacity} units "
                 f"but only {self._capacity} are free"
             )
-        units = (self._lo[:t] + self._extra_units(t, spare)).tolist()
+        if self._owners is not None:
+            extra = _first_owned(self._owners, t, spare)
+        else:
+            extra = self._extra_units(t, spare).tolist()
+        units = [lo + e for lo, e in zip(self._lo[:t], extra, strict=True)]
         return _total(self._options[:t], units), units
 
     def _extra_units(self, t: int, spare: int) -> IntArray:
@@ -418,6 +441,33 @@ class GreedyTable:
             extra += np.bincount(picked, minlength=t)
             spare, start, block = spare - picked.size, start + block, block * 2
         return extra
+
+
+def _first_owned(owners: list[int], t: int, spare: int) -> list[int]:
+    """Per candidate ``< t``: how many of the first ``spare`` owners below ``t`` it is."""
+    extra = [0] * t
+    for o in owners:
+        if spare <= 0:
+            break
+        if o < t:
+            extra[o] += 1
+            spare -= 1
+    return extra
+
+
+def _sorted_gain_owners_small(curves: Sequence[Curve], capacity: int) -> list[int]:
+    """:func:`_sorted_gain_owners` in plain Python (the same float arithmetic, the same stable order)."""
+    pool: list[tuple[float, int]] = []
+    if capacity < 1:
+        return []
+    for i, (_, curve) in enumerate(curves):
+        d = curve[: capacity + 1]
+        for k in range(len(d) - 1):
+            g = d[k] - d[k + 1]
+            if g <= 0:
+                break
+            pool.append((-g, i))
+    return [i for _, i in sorted(pool, key=lambda e: e[0])]
 
 
 def _sorted_gain_owners(curves: Sequence[Curve], capacity: int) -> IntArray:
@@ -450,9 +500,12 @@ def arrange(options: Options, capacity: int) -> Arrangement:
     return dp_arrange(options, capacity)
 
 
-def arrange_table(options: Options, capacity: int) -> PrefixTable:
-    """A prefix table over plain units: :class:`GreedyTable` when every candidate is a convex range."""
-    curves = _all_curves(options)
-    if curves is not None:
-        return GreedyTable(options, capacity, _curves=curves)
+def arrange_table(
+    options: Options, capacity: int, curves: Sequence[Curve | None] | None = None
+) -> PrefixTable:
+    """A prefix table over plain units: :class:`GreedyTable` when every candidate is a convex range.
+    ``curves``: each candidate's :func:`convex_curve`, when the caller has them already."""
+    found = _all_curves(options) if curves is None else (None if None in curves else list(curves))
+    if found is not None:
+        return GreedyTable(options, capacity, _curves=found)
     return DPTable(options, PlainOperator(capacity))

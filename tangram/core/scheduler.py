@@ -18,10 +18,14 @@ in order; ``next_deadline()`` says when it next needs a ``Tick``. Numbered rules
 
 This module holds the ``Scheduler`` itself: its state, the event handlers, admission,
 endings, deadlines and the read-only views. The two resource passes live beside it as plain
-functions over the scheduler's state: ``cpu_pass.py`` (per-node FCFS merge, placement,
-allocation with greedy eviction, reserved sandboxes) and ``gpu_pass.py`` (FCFS prefix, chunk
-DP, wait-for-resident, call starts); ``state.py`` holds the records (``Waiting``,
-``Running``, ``Sandbox``, ``QueueRow``, ``Snapshot``) and the policy names, re-exported here.
+functions over a ``PassContext`` (``context.py``: what a pass may read and change, each
+piece through its one owner): ``cpu_pass.py`` (per-node FCFS merge, placement, allocation
+with greedy eviction, reserved sandboxes) and ``gpu_pass.py`` (FCFS prefix, chunk DP,
+wait-for-resident, call starts). ``queues.py`` owns the queued actions (``Pending``: FCFS
+lanes read from the head, indexes by sandbox and client), ``state.py`` the records
+(``Waiting``, ``Running`` with its per-node/sandbox/client indexes, ``Sandbox``,
+``QueueRow``, ``Snapshot``) and the policy names, re-exported here. No event costs time in
+proportion to the queues: see ``docs/scheduler.md``, "Speed".
 """
 from __future__ import annotations
 
@@ -34,10 +38,11 @@ from tangram.core import cpu_pass, gpu_pass
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, DurationHistory, Kind, duration
 from tangram.core.approx import Behind
-from tangram.core.gpu import ChunkOperator
+from tangram.core.context import PassContext
 from tangram.core.managers.basic import BasicManager
 from tangram.core.managers.cpu import CpuManager
 from tangram.core.managers.gpu import SIZES, GpuManager, ServiceInfo, chunk_size
+from tangram.core.queues import Pending
 from tangram.core.resources import CPU, GPU, Demand, is_api, valid_resource
 from tangram.core.state import (
     FIXED,
@@ -82,19 +87,27 @@ class Scheduler:
         self.gpu = GpuManager(cache_aware=self.config.cache_aware)
         self.basic = BasicManager()
         self.history = DurationHistory(default_s=self.config.default_duration_s)
-        self.queues: dict[str, dict[str, Waiting]] = {}
-        self._cpu_sub: dict[str, dict[str, Waiting]] = {}  # CPU queue per node ("" = no node yet)
+        self.pending = Pending()  # the queued actions: by pool, per lane in seq order, by sandbox and client
         self.running = RunningTable()
         self._behind_memo: dict[tuple[object, ...], Behind] = {}
-        # node -> (its state when it held its whole CPU prefix, when to re-decide at the latest)
-        self._cpu_held: dict[str, tuple[tuple[object, ...], float]] = {}
         self.sandboxes: dict[str, Sandbox] = {}
+        self._client_sandboxes: dict[str, dict[str, None]] = {}  # client -> its open sandboxes
+        self._held: dict[str, str] = {}  # exec held for its sandbox's reservation -> the sandbox
         self.now = 0.0
         self._seq = 0
         self._deadlines: list[tuple[float, int, str]] = []
         self._dirty: set[str] = set()
         self.counters: dict[str, int] = {}
-        self.chunk_operators: dict[tuple[int, tuple[tuple[int, int], ...]], ChunkOperator] = {}  # by free layout
+        # queued actions read by the passes, per pool: a cost meter for tests (a pass over a
+        # long queue must read only the part that can start plus a bounded look-ahead)
+        self.examined: dict[str, int] = {}
+        self._ctx = PassContext(self)  # what the passes see of all this
+
+    @property
+    def queues(self) -> dict[str, dict[str, Waiting]]:
+        """The queued actions per pool (``cpu``, ``gpu``, ``api:<name>``), in submission
+        order: a read-only view (``pending`` owns them)."""
+        return self.pending.pools
 
     # -- public contract -----------------------------------------------------------------
     def handle(self, event: ev.Event, now: float) -> list[cmd.Command]:
@@ -120,7 +133,7 @@ class Scheduler:
         for name, api in self.basic.apis.items():
             if self.queues.get(_api_pool(name)) and (t := api.next_window()) is not None:
                 times.append(t)
-        times.extend(t for _, t in self._cpu_held.values() if t > self.now)
+        times.extend(t for _, t in self._ctx.held.values() if t > self.now)
         return min(times) if times else None
 
     # -- events --------------------------------------------------------------------------
@@ -132,22 +145,28 @@ class Scheduler:
         self._dirty.update(self.queues)
 
     def _on_node_lost(self, e: ev.NodeLost, out: list[cmd.Command]) -> None:
-        for aid, r in sorted(self.running.items(), key=lambda kv: kv[1].started):
-            if r.node == e.node:
-                sandboxed = r.spec.kind in (Kind.EXEC, Kind.OPEN)
-                code = "SANDBOX_LOST" if sandboxed else "NODE_LOST"
-                self._finish(aid, ok=False, reason=e.reason, out=out, release=False)
-                out.append(cmd.Reject(aid, code, f"{e.node}: {e.reason}"))
-        for s in self.cpu.remove_node(e.node):
+        for aid, r in sorted(self.running.on(e.node).items(), key=lambda kv: kv[1].started):
+            sandboxed = r.spec.kind in (Kind.EXEC, Kind.OPEN)
+            code = "SANDBOX_LOST" if sandboxed else "NODE_LOST"
+            self._finish(aid, ok=False, reason=e.reason, out=out, release=False)
+            out.append(cmd.Reject(aid, code, f"{e.node}: {e.reason}"))
+        shrinks = self.cpu.frontier_shrinks(e.node) or self.gpu.frontier_shrinks(e.node)
+        lost = self.cpu.remove_node(e.node)
+        for s in lost:
             self.sandboxes[s].lost = True
         self.gpu.remove_node(e.node)
-        for pool, queue in self.queues.items():
-            for aid, w in list(queue.items()):
-                sb = self.sandboxes.get(w.spec.sandbox)
-                if sb is not None and sb.lost:
-                    self._drop(pool, aid, out, "SANDBOX_LOST", f"sandbox {sb.sandbox} was on {e.node}: {e.reason}")
-                elif (st := self._never(w.spec)) is not None:
-                    self._drop(pool, aid, out, "NO_CAPACITY", st.message, st.reasons)
+        if shrinks:  # the largest node of some shape left: every queued action is judged again
+            suspects = [w for q in self.queues.values() for w in q.values()]
+        else:  # nothing that fitted before stops fitting: only the lost sandboxes' actions go
+            suspects = [w for s in lost for w in self.pending.of_sandbox(s)]
+            suspects.sort(key=self.pending.walk_order())
+        for w in suspects:
+            aid, pool = w.spec.action_id, self._pool(w.spec)
+            sb = self.sandboxes.get(w.spec.sandbox)
+            if sb is not None and sb.lost:
+                self._drop(pool, aid, out, "SANDBOX_LOST", f"sandbox {sb.sandbox} was on {e.node}: {e.reason}")
+            elif (st := self._never(w.spec)) is not None:
+                self._drop(pool, aid, out, "NO_CAPACITY", st.message, st.reasons)
         self._dirty.update(self.queues)
 
     def _on_service(self, e: ev.ServiceDefined, out: list[cmd.Command]) -> None:
@@ -163,6 +182,7 @@ class Scheduler:
         if e.sandbox in self.sandboxes:
             return
         self.sandboxes[e.sandbox] = Sandbox(e.sandbox, e.client, e.mem_mib, e.image, e.reserve, e.task)
+        self._client_sandboxes.setdefault(e.client, {})[e.sandbox] = None
         if e.reserve > 0:
             spec = ActionSpec(
                 action_id=f"open:{e.sandbox}", kind=Kind.OPEN, demand=((CPU, Demand.fixed(e.reserve)),),
@@ -174,15 +194,16 @@ class Scheduler:
         sb = self.sandboxes.pop(e.sandbox, None)
         if sb is None:
             return
-        for pool, queue in self.queues.items():
-            for aid, w in list(queue.items()):
-                if w.spec.sandbox == e.sandbox:
-                    self._drop(pool, aid, out, "CANCELLED", f"sandbox {e.sandbox} closed")
+        mine = self._client_sandboxes.get(sb.client, {})
+        mine.pop(e.sandbox, None)
+        if not mine:
+            self._client_sandboxes.pop(sb.client, None)
+        for w in self.pending.of_sandbox(e.sandbox):
+            self._drop(self._pool(w.spec), w.spec.action_id, out, "CANCELLED", f"sandbox {e.sandbox} closed")
         for spec in sb.held:
+            self._held.pop(spec.action_id, None)
             out.append(cmd.Reject(spec.action_id, "CANCELLED", f"sandbox {e.sandbox} closed"))
-        for aid, r in sorted(self.running.items(), key=lambda kv: kv[1].started):
-            if r.spec.sandbox != e.sandbox:
-                continue
+        for aid, r in sorted(self.running.of_sandbox(e.sandbox).items(), key=lambda kv: kv[1].started):
             if r.spec.kind is Kind.OPEN:
                 self._finish(aid, ok=True, reason="closed", out=out)
             elif not r.killed:
@@ -208,16 +229,17 @@ class Scheduler:
         self._finish(e.action_id, ok=e.ok, reason=e.reason, out=out)
 
     def _on_cancelled(self, e: ev.ActionCancelled, out: list[cmd.Command]) -> None:
-        for pool, queue in self.queues.items():
-            if e.action_id in queue:
-                self._drop(pool, e.action_id, out, "CANCELLED", e.reason)
+        pool = self.pending.pool_of(e.action_id)
+        if pool is not None:
+            self._drop(pool, e.action_id, out, "CANCELLED", e.reason)
+            return
+        held_in = self.sandboxes.get(self._held.get(e.action_id, ""))
+        for spec in held_in.held if held_in is not None else ():
+            if spec.action_id == e.action_id:
+                held_in.held.remove(spec)
+                del self._held[e.action_id]
+                out.append(cmd.Reject(e.action_id, "CANCELLED", e.reason))
                 return
-        for sb in self.sandboxes.values():
-            for spec in sb.held:
-                if spec.action_id == e.action_id:
-                    sb.held.remove(spec)
-                    out.append(cmd.Reject(e.action_id, "CANCELLED", e.reason))
-                    return
         r = self.running.get(e.action_id)
         if r is None:
             return
@@ -236,22 +258,20 @@ class Scheduler:
                 node.drop_resident(inst)
 
     def _on_client_gone(self, e: ev.ClientGone, out: list[cmd.Command]) -> None:
-        for pool, queue in self.queues.items():
-            for aid, w in list(queue.items()):
-                if w.spec.client == e.client:
-                    self._drop(pool, aid, out, "CANCELLED", "client gone")
-        for aid, r in sorted(self.running.items(), key=lambda kv: kv[1].started):
-            if r.spec.client == e.client and r.spec.kind is Kind.LEASE:
+        for w in self.pending.of_client(e.client):
+            self._drop(self._pool(w.spec), w.spec.action_id, out, "CANCELLED", "client gone")
+        for aid, r in sorted(self.running.of_client(e.client).items(), key=lambda kv: kv[1].started):
+            if r.spec.kind is Kind.LEASE:
                 self._finish(aid, ok=False, reason="client gone", out=out)
-        for name in sorted(s.sandbox for s in self.sandboxes.values() if s.client == e.client):
+        for name in sorted(self._client_sandboxes.get(e.client, {})):
             self._on_sandbox_closed(ev.SandboxClosed(name), out)
 
     def _on_tick(self, e: ev.Tick, out: list[cmd.Command]) -> None:
         for name in self.basic.apis:
             self._dirty.add(_api_pool(name))
-        due = [node for node, (_, t) in self._cpu_held.items() if t <= self.now]
+        due = [node for node, (_, t) in self._ctx.held.items() if t <= self.now]
         for node in due:  # a held node's plan expected a release by now: decide it again
-            del self._cpu_held[node]
+            del self._ctx.held[node]
             self._dirty.add(CPU)
 
     # -- admission -----------------------------------------------------------------------
@@ -271,15 +291,13 @@ class Scheduler:
             out.append(cmd.Reject(spec.action_id, "NO_CAPACITY", st.message, st.reasons))
             return
         if spec.kind is Kind.EXEC and sb is not None and sb.reserve > 0:
-            cpu_pass.exec_reserved(self, sb, spec, out)
+            cpu_pass.exec_reserved(self._ctx, sb, spec, out)
             return
         pool = self._pool(spec)
         self._seq += 1
         deadline = self.now + spec.timeout_s if spec.timeout_s > 0 else None
         w = Waiting(spec, self._seq, self.now, deadline, need=self._min_units(spec))
-        self.queues.setdefault(pool, {})[spec.action_id] = w
-        if pool == CPU:
-            self._cpu_sub.setdefault(self._sub_key(spec), {})[spec.action_id] = w
+        self.pending.add(pool, w, self._sub_key(spec) if pool == CPU else "")
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, self._seq, spec.action_id))
         self._dirty.add(pool)
@@ -311,7 +329,7 @@ class Scheduler:
         return None
 
     def _known(self, aid: str) -> bool:
-        return aid in self.running or any(aid in q for q in self.queues.values())
+        return aid in self.running or aid in self.pending or aid in self._held
 
     def _never(self, spec: ActionSpec) -> Status | None:
         """NO_CAPACITY status if no registered node could ever run ``spec``."""
@@ -352,22 +370,24 @@ class Scheduler:
             if not self.queues.get(pool):
                 continue
             if pool == CPU:
-                cpu_pass.run(self, out)
+                cpu_pass.run(self._ctx, out)
             elif pool == GPU:
-                gpu_pass.run(self, out)
+                gpu_pass.run(self._ctx, out)
             elif is_api(pool):
                 self._pass_api(pool, out)
 
     def _pass_api(self, pool: str, out: list[cmd.Command]) -> None:
         api = self.basic.apis[pool[len("api:"):]]
-        queue = self.queues[pool]
-        for aid, w in list(queue.items()):
+        lane = self.pending.lane(pool)
+        while (w := lane.head()) is not None:
+            self.examined[pool] = self.examined.get(pool, 0) + 1
+            aid = w.spec.action_id
             units = w.spec.key_demand.min
             free = api.free(self.now)
             if free < units:
                 w.status = wait(Shortfall(pool, units, free, api.limit, api.name))
                 break
-            del queue[aid]
+            self.pending.remove(aid)
             api.take(aid, units, self.now)
             ttl = w.spec.timeout_s or self.config.lease_ttl_s
             expires = self.now + ttl
@@ -394,6 +414,16 @@ class Scheduler:
             if len(self._behind_memo) >= 4096:
                 self._behind_memo.clear()
             b = self._behind_memo[key] = self._behind_new(spec)
+        return b
+
+    def _behind_of(self, w: Waiting) -> Behind:
+        """``_behind`` of a queued action, kept on it until its T_ori changes."""
+        t = self._t_ori(w.spec)
+        got = w.memo.get("behind")
+        if got is not None and got[0] == t:  # type: ignore[index]
+            return got[1]  # type: ignore[index,no-any-return]
+        b = self._behind(w.spec)
+        w.memo["behind"] = (t, b)
         return b
 
     def _behind_new(self, spec: ActionSpec) -> Behind:
@@ -433,17 +463,8 @@ class Scheduler:
         elif kind is Kind.CALL:
             node_g = self.gpu.nodes.get(r.node)
             if node_g is not None:
-                start, size = r.chunk
-                inst = (r.spec.service, start, size)
-                node_g.busy &= ~node_g.chunk_mask(start, size)
-                left = node_g.in_use.get(inst, 1) - 1
-                if left > 0:
-                    node_g.in_use[inst] = left
-                else:
-                    node_g.in_use.pop(inst, None)
                 self._seq += 1
-                if inst in node_g.resident:
-                    node_g.resident[inst] = float(self._seq)
+                node_g.give((r.spec.service, *r.chunk), float(self._seq))
             self._dirty.add(GPU)
         elif kind is Kind.LEASE:
             api = self.basic.apis.get(r.spec.api)
@@ -454,13 +475,7 @@ class Scheduler:
         out.append(cmd.Done(aid, ok, reason))
 
     def _dequeue(self, pool: str, aid: str) -> None:
-        w = self.queues[pool].pop(aid, None)
-        if w is not None and pool == CPU:
-            key = self._sub_key(w.spec)
-            sub = self._cpu_sub.get(key)
-            if sub is None or sub.pop(aid, None) is None:  # bound since: search every sub-queue
-                for q in self._cpu_sub.values():
-                    q.pop(aid, None)
+        self.pending.remove(aid)
 
     def _sub_key(self, spec: ActionSpec) -> str:
         sb = self.sandboxes.get(spec.sandbox)
@@ -476,7 +491,8 @@ class Scheduler:
         r = self.running.get(aid)
         if r is not None:
             return r.deadline == t and not r.killed
-        return any(aid in q and q[aid].deadline == t for q in self.queues.values())
+        w = self.pending.get(aid)
+        return w is not None and w.deadline == t
 
     def _expire(self, out: list[cmd.Command]) -> None:
         while self._deadlines and self._deadlines[0][0] <= self.now:
@@ -485,10 +501,9 @@ class Scheduler:
                 continue
             r = self.running.get(aid)
             if r is None:
-                for pool, q in self.queues.items():
-                    if aid in q:
-                        self._drop(pool, aid, out, "TIMEOUT", "timed out while queued")
-                        break
+                pool = self.pending.pool_of(aid)
+                if pool is not None:
+                    self._drop(pool, aid, out, "TIMEOUT", "timed out while queued")
             elif r.spec.kind is Kind.LEASE:
                 self._finish(aid, ok=False, reason="lease expired", out=out)
                 out.append(cmd.Reject(aid, "TIMEOUT", "lease not released before its deadline: reclaimed"))
@@ -498,9 +513,9 @@ class Scheduler:
 
     # -- views ---------------------------------------------------------------------------
     def status_of(self, aid: str) -> Status | None:
-        for q in self.queues.values():
-            if aid in q:
-                return q[aid].status
+        w = self.pending.get(aid)
+        if w is not None:
+            return w.status
         return ADMITTED if aid in self.running else None
 
     def snapshot(self) -> Snapshot:

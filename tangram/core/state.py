@@ -4,11 +4,13 @@ these records lives in ``scheduler.py``, ``cpu_pass.py`` and ``gpu_pass.py``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from tangram.core.actions import ActionSpec
+from tangram.core.actions import ActionSpec, Kind
 from tangram.core.status import ADMITTED, Status
 
 TANGRAM, MIN, MAX, FIXED = "tangram", "min", "max", "fixed"
+K = TypeVar("K")
 
 
 @dataclass
@@ -38,21 +40,28 @@ class Running:
 
 
 class RunningTable(dict[str, Running]):
-    """The running actions by id, with an index per node (``on(node)``) so a pass over one
-    node does not scan the whole cluster. Only ``[id] = r`` and ``pop(id)`` change it."""
+    """The running actions by id, with indexes so that no event scans the whole cluster:
+    per node (``on(node)``, and per node and kind), per sandbox and per client. Only
+    ``[id] = r`` and ``pop(id)`` change it; every index keeps start order."""
 
     def __init__(self) -> None:
         super().__init__()
         self._by_node: dict[str, dict[str, Running]] = {}
+        self._by_node_kind: dict[tuple[str, Kind], dict[str, Running]] = {}
+        self._by_sandbox: dict[str, dict[str, Running]] = {}
+        self._by_client: dict[str, dict[str, Running]] = {}
         self._changes: dict[str, int] = {}
 
     def __setitem__(self, aid: str, r: Running) -> None:
         old = self.get(aid)
         if old is not None:
-            self._by_node[old.node].pop(aid, None)
-            self._changes[old.node] = self._changes.get(old.node, 0) + 1
+            self._unindex(aid, old)
         super().__setitem__(aid, r)
         self._by_node.setdefault(r.node, {})[aid] = r
+        self._by_node_kind.setdefault((r.node, r.spec.kind), {})[aid] = r
+        if r.spec.sandbox:
+            self._by_sandbox.setdefault(r.spec.sandbox, {})[aid] = r
+        self._by_client.setdefault(r.spec.client, {})[aid] = r
         self._changes[r.node] = self._changes.get(r.node, 0) + 1
 
     def pop(self, aid: str, *default: Running) -> Running:  # type: ignore[override]
@@ -61,9 +70,15 @@ class RunningTable(dict[str, Running]):
                 return default[0]
             raise KeyError(aid)
         r = super().pop(aid)
-        self._by_node[r.node].pop(aid, None)
-        self._changes[r.node] += 1
+        self._unindex(aid, r)
         return r
+
+    def _unindex(self, aid: str, r: Running) -> None:
+        _drop(self._by_node, r.node, aid)
+        _drop(self._by_node_kind, (r.node, r.spec.kind), aid)
+        _drop(self._by_sandbox, r.spec.sandbox, aid)
+        _drop(self._by_client, r.spec.client, aid)
+        self._changes[r.node] = self._changes.get(r.node, 0) + 1
 
     def __delitem__(self, aid: str) -> None:
         self.pop(aid)
@@ -72,9 +87,28 @@ class RunningTable(dict[str, Running]):
         """A counter that moves whenever an action starts or ends on ``node``."""
         return self._changes.get(node, 0)
 
-    def on(self, node: str) -> dict[str, Running]:
-        """The running actions placed on ``node`` (a live view: do not mutate)."""
-        return self._by_node.get(node, {})
+    def on(self, node: str, kind: Kind | None = None) -> dict[str, Running]:
+        """The running actions placed on ``node`` (of ``kind``), in start order (a live
+        view: do not mutate)."""
+        if kind is None:
+            return self._by_node.get(node, {})
+        return self._by_node_kind.get((node, kind), {})
+
+    def of_sandbox(self, sandbox: str) -> dict[str, Running]:
+        """The running actions of ``sandbox`` (a live view: do not mutate)."""
+        return self._by_sandbox.get(sandbox, {})
+
+    def of_client(self, client: str) -> dict[str, Running]:
+        """The running actions of ``client`` (a live view: do not mutate)."""
+        return self._by_client.get(client, {})
+
+
+def _drop(index: dict[K, dict[str, Running]], key: K, aid: str) -> None:
+    found = index.get(key)
+    if found is not None:
+        found.pop(aid, None)
+        if not found:
+            del index[key]
 
 
 @dataclass

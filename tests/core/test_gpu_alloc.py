@@ -1,25 +1,18 @@
-"""Buddy GPU chunks and the chunk-wise DP operator (Algorithm 4), checked against brute-force placement."""
+"""Buddy GPU chunks and the chunk-wise DP operator (Algorithm 4), checked against brute-force placement;
+the scheduler's busy-mask view of a node (``GpuNode.free_chunks``) against the buddy model."""
 
 from __future__ import annotations
 
 from itertools import product
 
 import pytest
+from buddy_model import ChunkAllocator, NoChunk, UnknownChunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tangram.core.dp import DPTable, Infeasible, scalar_prev_matrix
-from tangram.core.gpu import (
-    Chunk,
-    ChunkAllocator,
-    ChunkOperator,
-    NoChunk,
-    UnknownChunk,
-    chunk_size,
-    gpu_arrange,
-    packable,
-    root_chunks,
-)
+from tangram.core.gpu import Chunk, ChunkOperator, chunk_size, gpu_arrange, packable, root_chunks
+from tangram.core.managers.gpu import GpuNode
 
 FAST = settings(max_examples=150, deadline=None)
 NODE_SIZES = [1, 2, 4, 8, 3, 5, 6, 7, 12]
@@ -127,7 +120,7 @@ def test_roots_and_sizes() -> None:
     with pytest.raises(ValueError, match="`k` must be >= 1"):
         chunk_size(0)
     with pytest.raises(ValueError, match="`num_gpus` must be >= 1"):
-        ChunkAllocator(0)
+        root_chunks(0)
 
 
 def test_buddy_split_and_merge() -> None:
@@ -318,3 +311,16 @@ def test_gpu_arrange_leaves_gpus_idle_when_bigger_chunks_do_not_help() -> None:
     assert gpu_arrange([{1: 2.0, 2: 2.0, 4: 2.0}], a) == (2.0, [1])
     assert gpu_arrange([{1: 8.0, 2: 4.0, 4: 2.0, 8: 1.0}, {1: 8.0, 2: 4.0, 4: 2.0}], a) == (4.0, [4, 4])
     assert gpu_arrange([], a) == (0.0, [])
+
+
+@FAST
+@given(st.sampled_from(NODE_SIZES), ops_st)
+def test_a_gpu_nodes_free_view_is_the_buddy_models_free_chunks(n: int, ops: list[tuple[str, int]]) -> None:
+    alloc, held = build(n, ops)
+    node = GpuNode("g", n, 80_000)
+    for start, end in held:  # the same chunks busy on the scheduler's node
+        node.busy |= node.chunk_mask(start, end - start)
+    view = node.free_chunks()
+    assert view.free_sizes() == alloc.free_sizes()
+    assert view.max_chunk == alloc.max_chunk
+    assert ChunkOperator(view).num_states == ChunkOperator(alloc).num_states

@@ -9,7 +9,8 @@ from sched_util import Ledger, exec_spec
 from test_scheduler import make, open_sb, started
 
 from tangram.core import events as ev
-from tangram.core.actions import ActionSpec
+from tangram.core.actions import ActionSpec, Kind
+from tangram.core.resources import CPU, Demand
 from tangram.core.state import Running, RunningTable
 
 
@@ -78,7 +79,7 @@ def test_fixed_and_min_policies_never_hold_the_lone_candidate():
 
 def test_running_table_indexes_by_node_and_counts_changes():
     t = RunningTable()
-    spec = ActionSpec.__new__(ActionSpec)  # the table never looks inside the spec
+    spec = ActionSpec("x", Kind.EXEC, ((CPU, Demand.fixed(1)),), sandbox="sb", client="c")
     a = Running(spec, "n1", 1, 0.0, 1.0)
     b = Running(spec, "n2", 1, 0.0, 1.0)
     t["a"], t["b"] = a, b
@@ -94,9 +95,12 @@ def test_running_table_indexes_by_node_and_counts_changes():
     assert t.on("n2") == {}
     assert set(t.on("n1")) == {"b"}
     assert len(t) == 1
+    assert set(t.on("n1", Kind.EXEC)) == {"b"} and t.on("n1", Kind.CALL) == {}
+    assert set(t.of_sandbox("sb")) == {"b"} and set(t.of_client("c")) == {"b"}
     del t["b"]
     assert not t
-    assert t.on("n1") == {}
+    assert t.on("n1") == {} and t.on("n1", Kind.EXEC) == {}
+    assert t.of_sandbox("sb") == {} and t.of_client("c") == {}
 
 
 def test_evicting_the_tail_gives_its_units_to_an_elastic_head():

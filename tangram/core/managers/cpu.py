@@ -119,6 +119,17 @@ class CpuManager:
             self.sandbox_node.pop(s, None)
         return lost
 
+    def frontier_shrinks(self, name: str) -> bool:
+        """Whether losing node ``name`` could make a demand that fits now never fit: no
+        other node has at least its cores and its memory."""
+        node = self.nodes.get(name)
+        if node is None:
+            return False
+        return not any(
+            other is not node and other.total >= node.total and other.mem_total >= node.mem_total
+            for other in self.nodes.values()
+        )
+
     # -- admission -----------------------------------------------------------------------
     def never_fits(self, min_cores: int, mem_mib: int) -> Shortfall | None:
         """A shortfall if no node could ever hold ``min_cores`` and ``mem_mib`` at once."""

@@ -18,15 +18,11 @@ from __future__ import annotations
 from collections.abc import Container
 from dataclasses import dataclass, field
 
+from tangram.core.gpu import chunk_size, root_chunks
+
+__all__ = ["SIZES", "FreeView", "GpuManager", "GpuNode", "Instance", "Placement", "ServiceInfo", "chunk_size"]
+
 SIZES = (1, 2, 4, 8)
-
-
-def chunk_size(k: int) -> int:
-    """The smallest power of two >= k."""
-    size = 1
-    while size < k:
-        size *= 2
-    return size
 
 
 @dataclass(frozen=True)
@@ -124,6 +120,39 @@ class GpuNode:
     def _mem_of(self, inst: Instance) -> int:
         return self.resident_mem.get(inst, 0)
 
+    def take(self, inst: Instance, stamp: float) -> None:
+        """A call starts on the resident instance ``inst``: its chunk is busy, the instance in
+        use (never evicted) and the most recently used. Its GPUs must be free."""
+        _, start, size = inst
+        mask = self.chunk_mask(start, size)
+        if self.busy & mask or inst not in self.resident:
+            raise ValueError(f"{self.name}: chunk [{start}, {start + size}) is busy or not holding {inst[0]}")
+        self.resident[inst] = stamp
+        self.in_use[inst] = self.in_use.get(inst, 0) + 1
+        self.busy |= mask
+
+    def give(self, inst: Instance, stamp: float) -> None:
+        """The call on ``inst`` ended: its GPUs are free again and the instance, still
+        resident unless it was dropped, was last used at ``stamp``. The exact inverse of
+        ``take`` (a chunk that is not busy is an error in the caller)."""
+        _, start, size = inst
+        mask = self.chunk_mask(start, size)
+        if self.busy & mask != mask:
+            raise ValueError(f"{self.name}: chunk [{start}, {start + size}) was not taken")
+        self.busy &= ~mask
+        left = self.in_use.get(inst, 1) - 1
+        if left > 0:
+            self.in_use[inst] = left
+        else:
+            self.in_use.pop(inst, None)
+        if inst in self.resident:
+            self.resident[inst] = stamp
+
+    def free_chunks(self) -> FreeView:
+        """The free GPUs as maximal aligned free blocks (what buddy allocation with merging
+        would hold), for the chunk DP operator (``tangram.core.gpu.ChunkOperator``)."""
+        return FreeView(self)
+
     def add_resident(self, inst: Instance, mem: int, stamp: float) -> None:
         _, s, z = inst
         for g in range(s, s + z):
@@ -141,6 +170,30 @@ class GpuNode:
             self.used_mem[g] -= mem
 
 
+class FreeView:
+    """A node's free GPUs as maximal aligned free blocks, read from its busy mask."""
+
+    def __init__(self, node: GpuNode) -> None:
+        self.max_chunk = max(s for s in SIZES if s <= node.count)
+        self._sizes: dict[int, int] = {}
+        for start, end in root_chunks(node.count):
+            self._scan(node, start, end - start, node.count)
+
+    def _scan(self, node: GpuNode, start: int, size: int, count: int) -> None:
+        if start >= count:
+            return
+        if start + size <= count and node.is_free(start, size):
+            self._sizes[size] = self._sizes.get(size, 0) + 1
+            return
+        if size == 1:
+            return
+        self._scan(node, start, size // 2, count)
+        self._scan(node, start + size // 2, size // 2, count)
+
+    def free_sizes(self) -> dict[int, int]:
+        return dict(self._sizes)
+
+
 class GpuManager:
     def __init__(self, cache_aware: bool = True) -> None:
         self.cache_aware = cache_aware  # False: residency does not steer the choice of chunk
@@ -153,6 +206,17 @@ class GpuManager:
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
+
+    def frontier_shrinks(self, name: str) -> bool:
+        """Whether losing node ``name`` could make a call that fits now never fit: no other
+        node has at least its GPUs and its memory per GPU."""
+        node = self.nodes.get(name)
+        if node is None:
+            return False
+        return not any(
+            other is not node and other.count >= node.count and other.mem_mib >= node.mem_mib
+            for other in self.nodes.values()
+        )
 
     def define(self, info: ServiceInfo) -> None:
         self.services[info.name] = info
