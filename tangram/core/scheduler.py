@@ -30,6 +30,7 @@ proportion to the queues: see ``docs/scheduler.md``, "Speed".
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass
 from random import Random
 
@@ -518,7 +519,10 @@ class Scheduler:
             return w.status
         return ADMITTED if aid in self.running else None
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, limit: int | None = None) -> Snapshot:
+        """A read-only view for status and metrics. ``limit``: only the first ``limit`` waiting
+        actions in FCFS order get a queue row (``queued`` still counts them all), so a status
+        query costs O(limit), not O(queue), during a burst."""
         nodes = []
         for name in sorted(set(self.cpu.nodes) | set(self.gpu.nodes)):
             c = self.cpu.nodes.get(name)
@@ -544,16 +548,20 @@ class Scheduler:
              "queued": len(self.queues.get(_api_pool(a.name), {}))}
             for a in sorted(self.basic.apis.values(), key=lambda a: a.name)
         )
-        rows = sorted(
-            (w for q in self.queues.values() for w in q.values()), key=lambda w: w.seq
-        )
+        pools = self.queues
+        queued = sum(len(q) for q in pools.values())
+        if limit is None:
+            rows = sorted((w for q in pools.values() for w in q.values()), key=lambda w: w.seq)
+        else:  # each pool is in submission order: merge their heads
+            merged = heapq.merge(*(q.values() for q in pools.values()), key=lambda w: w.seq)
+            rows = list(itertools.islice(merged, max(0, limit)))
         queue = tuple(
             QueueRow(w.spec.action_id, self._pool(w.spec), w.spec.kind.value, w.spec.client,
                      self.now - w.submitted, _demand_text(w.spec), str(w.status) if w.status.code != Code.ADMITTED
                      else "pending")
             for w in rows
         )
-        return Snapshot(self.now, tuple(nodes), services, apis, queue, len(rows), len(self.running),
+        return Snapshot(self.now, tuple(nodes), services, apis, queue, queued, len(self.running),
                         tuple(sorted(self.counters.items())))
 
 

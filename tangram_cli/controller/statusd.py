@@ -36,6 +36,7 @@ from typing import Any
 import zmq.asyncio
 
 from tangram import protocol
+from tangram.core.actions import Kind
 from tangram.core.scheduler import Scheduler
 from tangram.errors import ProtocolError
 from tangram_cli.controller.state import encode_to
@@ -146,7 +147,7 @@ def build_records(
     now: float = 0.0,
 ) -> dict[str, Any]:
     """Status records; `started` and `now` are on the controller's clock."""
-    snap = core.snapshot()
+    snap = core.snapshot(limit=limit)
     out: dict[str, Any] = {}
     agents = {a["node"]: a for a in agent_rows}
     busy_by_node: dict[str, int] = {}
@@ -209,16 +210,13 @@ def build_records(
     if "services" in sections:
         svc_rows = []
         conf = {s.name: s for s in services_conf}
-        running_calls: dict[str, int] = {}
-        for rec in actions.values():
-            if rec.kind == "call" and rec.started is not None and not rec.final_sent:
-                running_calls[rec.service] = running_calls.get(rec.service, 0) + 1
+        running_calls: dict[str, int] = {}  # from the core: O(running), not O(everything unfinished)
+        for run in core.running.values():
+            if run.spec.kind == Kind.CALL:
+                running_calls[run.spec.service] = running_calls.get(run.spec.service, 0) + 1
         queued_calls: dict[str, int] = {}
-        for row in snap.queue:
-            if row.kind == "call":
-                rec = actions.get(row.action_id)
-                if rec is not None:
-                    queued_calls[rec.service] = queued_calls.get(rec.service, 0) + 1
+        for w in core.queues.get("gpu", {}).values():
+            queued_calls[w.spec.service] = queued_calls.get(w.spec.service, 0) + 1
         resident = [r for n in snap.nodes for r in n.get("resident", [])]
         for s in snap.services:
             name = s["service"]
@@ -252,8 +250,9 @@ def build_records(
         ]
     if "actions" in sections:
         rows2 = []
-        for rec in actions.values():
-            if rec.started is None or (rec.final_sent and rec.kind != "lease"):
+        for aid in core.running:  # running actions only: a long queue costs nothing here
+            rec = actions.get(aid)
+            if rec is None or rec.started is None or (rec.final_sent and rec.kind != "lease"):
                 continue
             grant = (
                 list(rec.cores) if rec.kind == "exec" else list(rec.gpus) if rec.kind == "call" else rec.units

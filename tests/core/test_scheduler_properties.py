@@ -23,6 +23,9 @@ def run_trace(seed: int, policy: str = "tangram", steps: int = 120) -> tuple[lis
         out = sched.handle(event, now)
         log.append(f"{now:.3f} {event!r} -> {out!r}")
         led.apply(out)
+        if len(log) % 7 == 0:  # status with a limit: the FCFS head of the full view, the same count
+            full, head = sched.snapshot(), sched.snapshot(limit=3)
+            assert head.queue == full.queue[:3] and head.queued == full.queued == len(full.queue)
 
     for i in range(rng.randint(1, 3)):
         feed(node(f"n{i}", rng.choice([1, 2, 4, 8]), mem=rng.choice([2000, 8000]), gpus=rng.choice([0, 2, 4, 8]),
