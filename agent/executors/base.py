@@ -16,8 +16,6 @@ directory fd they are given).
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import re
 import stat
@@ -221,51 +219,6 @@ class OutputCollector:
 
     def value(self) -> bytes:
         return bytes(self._buf)
-
-
-async def drain(stream: asyncio.StreamReader | None, sink: OutputCollector, chunk: int = 1 << 16) -> None:
-    if stream is None:
-        return
-    while data := await stream.read(chunk):
-        sink.feed(data)
-
-
-async def wait_exit(proc: asyncio.subprocess.Process, timeout_s: float) -> bool:
-    """True once the process has exited, even while a leftover child still holds its pipes (asyncio's
-    ``proc.wait()`` waits for the pipes too). Uses a pidfd where the kernel has them."""
-    if proc.returncode is not None:
-        return True
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except ProcessLookupError:
-        return True
-    except (AttributeError, OSError):
-        try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
-            return True
-        except asyncio.TimeoutError:
-            return False
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
-    try:
-        await asyncio.wait_for(done, timeout_s)
-        return True
-    except asyncio.TimeoutError:
-        return False
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
-async def feed_stdin(stdin: asyncio.StreamWriter | None, data: bytes | None) -> None:
-    if stdin is None:
-        return
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        if data:
-            stdin.write(data)
-            await stdin.drain()
-        stdin.close()
 
 
 # ---------------------------------------------------------------- safe file access

@@ -3,9 +3,11 @@
 Two exec paths (``mode``):
 
 * ``fastpath`` (root, cgroup v1 or v2, ``nsenter``): write the container's ``cpuset.cpus`` directly and read
-  it back, create the action's sub-cgroup with exactly the granted cores, and run the command as a child of
+  it back, create the action's sub-cgroup with exactly the granted cores, and start the command through the
+  sandbox's spawner (``spawner``/``nsspawner``: a small process started once per sandbox, already in the
+  container's namespaces and cgroups, which forks the action), or, where there is no spawner, as a child of
   the agent that joins the container's cgroups and enters its namespaces (``fastpath.nsenter_argv``).
-  Kill = SIGKILL every process in the action's sub-cgroup.
+  See ``fastrun``. Kill = SIGKILL every process in the action's sub-cgroup.
 * ``docker``: ``container.update(cpuset_cpus=...)`` then ``exec_create``/``exec_start(socket=True)``;
   kill = ``kill -9 -<pgid>`` inside the container (runc makes each exec a session leader).
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import stat
@@ -24,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import archive, fastpath
+from . import archive, fastpath, fastrun
 from .base import (
     DEFAULT_GET_CAP,
     WORKDIR,
@@ -36,23 +39,22 @@ from .base import (
     SandboxSpec,
     check_name,
     check_request,
-    drain,
-    feed_stdin,
-    exit_status,
     expand_dop,
     format_cpuset,
     parse_cpuset,
     parse_owner,
     read_nofollow,
     split_relpath,
-    wait_exit,
     write_nofollow,
 )
 from .images import HOSTROOT_IMAGE, hostroot_mounts
+from .spawner import Spawner, container_config
 
 LABEL_CLUSTER = "tangram.cluster"
 LABEL_SANDBOX = "tangram.sandbox"
 KILL_GRACE_S = 5.0
+SPAWNER_TRIES = 3  # spawner starts that may fail per sandbox before it keeps to the nsenter path
+log = logging.getLogger("agent.executors.docker")
 
 
 def container_name(cluster: str, sandbox: str) -> str:
@@ -84,15 +86,24 @@ class _Sandbox:
     user: str | None
     cg: fastpath.ContainerCgroups | None  # None: docker path
     setpriv: tuple[str, ...]
+    owner: tuple[int, int] | None = None  # the sandbox user as numbers (None: the container's root)
+    nsenter_ok: bool = False  # the nsenter chain can drop root's capabilities (or mode=fastpath insists)
     active: dict[str, tuple[int, ...]] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    spawner: Spawner | None = None
+    spawner_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    spawner_failures: int = 0
+    slots: fastpath.SlotPool | None = None  # the actions' sub-cgroups (fast path)
+
+    def __post_init__(self) -> None:
+        if self.cg is not None:
+            self.slots = fastpath.SlotPool(self.cg)
 
 
 @dataclass
 class _Action:
     sandbox: _Sandbox
-    proc: asyncio.subprocess.Process | None = None
-    sub_cg: str | None = None
+    fast: fastrun.FastAction = field(default_factory=fastrun.FastAction)
     exec_id: str | None = None
     killed: bool = False
 
@@ -107,7 +118,7 @@ def _env_list_to_dict(env: list[str] | None) -> dict[str, str]:
 
 class DockerExecutor:
     def __init__(self, client: Any, cluster: str, idle_cpus: str, image_default: str = HOSTROOT_IMAGE,
-                 mode: str = "auto") -> None:
+                 mode: str = "auto", spawner: bool = True) -> None:
         if mode not in ("auto", "fastpath", "docker"):
             raise ValueError(f"`mode` must be auto, fastpath or docker, got {mode!r}")
         self.client, self.cluster, self.image_default = client, check_name("cluster", cluster), image_default
@@ -118,6 +129,7 @@ class DockerExecutor:
             raise ExecutorError("fastpath needs root and nsenter")
         self.fast = mode == "fastpath" or (mode == "auto" and fast_ok)
         self.mode = mode
+        self.use_spawner = spawner and self.fast and hasattr(os, "pidfd_open")
         self._sandboxes: dict[str, _Sandbox] = {}
         self._actions: dict[str, _Action] = {}
 
@@ -131,7 +143,8 @@ class DockerExecutor:
             owner = parse_owner(spec.user)
             if owner is not None:  # the sandbox user owns its workdir, whatever the image says
                 await asyncio.to_thread(archive.chown_dir, self.client.api, container.id, WORKDIR, owner)
-            self._sandboxes[spec.sandbox] = await asyncio.to_thread(self._attach, container, spec.user)
+            sb = self._sandboxes[spec.sandbox] = await asyncio.to_thread(self._attach, container, spec.user)
+            await self._spawner(sb)  # started now, so that the first action does not wait for it
         except BaseException:
             await asyncio.to_thread(container.remove, force=True)
             raise
@@ -143,10 +156,37 @@ class DockerExecutor:
         name = container.labels.get(LABEL_SANDBOX, "")
         owner = parse_owner(user) if user else None
         setpriv = _setpriv_flavour(pid) if self.fast else ()
-        # Root inside the sandbox may only take the fast path when its capabilities can be dropped.
+        # Root inside the sandbox may only take the nsenter chain when its capabilities can be dropped;
+        # the spawner always drops them itself.
         drops = setpriv == fastpath.SETPRIV_FULL or (owner is not None and owner[0] != 0)
-        cg = fastpath.discover(pid) if self.fast and (drops or self.mode == "fastpath") else None
-        return _Sandbox(name, container.id, pid, env, user, cg, setpriv)
+        nsenter_ok = drops or self.mode == "fastpath"
+        cg = fastpath.discover(pid) if self.fast and (nsenter_ok or self.use_spawner) else None
+        return _Sandbox(name, container.id, pid, env, user, cg, setpriv, owner, nsenter_ok)
+
+    async def _spawner(self, sb: _Sandbox) -> Spawner | None:
+        """The sandbox's live spawner, started on first use; None: take another path."""
+        if not self.use_spawner or sb.cg is None:
+            return None
+        if sb.spawner is not None and sb.spawner.alive:
+            return sb.spawner
+        async with sb.spawner_lock:
+            if sb.spawner is not None and sb.spawner.alive:
+                return sb.spawner
+            if sb.spawner_failures >= SPAWNER_TRIES:
+                return None
+            if sb.spawner is not None:
+                await sb.spawner.close()
+            sb.spawner = None
+            try:
+                sb.spawner = await Spawner.start(container_config(
+                    sb.pid, sb.cid, home=fastpath.procs_file(sb.cg.cpuset),
+                    join=[fastpath.procs_file(d) for d in sb.cg.others], user=sb.owner))
+            except (ExecutorError, OSError) as exc:
+                sb.spawner_failures += 1
+                log.warning("sandbox %s: no spawner (%s); actions take the %s path", sb.name, exc,
+                            "nsenter" if sb.nsenter_ok else "docker exec")
+                return None
+        return sb.spawner
 
     async def _sandbox(self, name: str) -> _Sandbox:
         sb = self._sandboxes.get(check_name("sandbox", name))
@@ -165,7 +205,11 @@ class DockerExecutor:
     async def destroy_sandbox(self, sandbox: str) -> None:
         import docker.errors
 
-        self._sandboxes.pop(check_name("sandbox", sandbox), None)
+        sb = self._sandboxes.pop(check_name("sandbox", sandbox), None)
+        if sb is not None and sb.spawner is not None:  # it sits in the container's cgroups: out first
+            await sb.spawner.close()
+        if sb is not None and sb.slots is not None:
+            sb.slots.remove_all()
         name = container_name(self.cluster, sandbox)
         with contextlib.suppress(docker.errors.NotFound):
             container = await asyncio.to_thread(self.client.containers.get, name)
@@ -179,6 +223,12 @@ class DockerExecutor:
     async def close(self) -> None:
         for action in list(self._actions):
             await self.kill(action)
+        exits = [a.fast.job.exit for a in self._actions.values() if a.fast.job is not None]
+        if exits:  # let the spawners report them before they go
+            await asyncio.wait(exits, timeout=KILL_GRACE_S)
+        for sb in list(self._sandboxes.values()):
+            if sb.spawner is not None:
+                await sb.spawner.close()
 
     # ------------------------------------------------------------ cpusets
 
@@ -210,59 +260,16 @@ class DockerExecutor:
                 sb.active[req.action] = tuple(sorted(req.cores))
                 await self._apply_cpuset(sb)
             if sb.cg is not None:
-                return await self._run_fast(req, act, t0)
+                if await self._spawner(sb) is not None:
+                    return await fastrun.run_spawned(req, act.fast, sb, t0)
+                if sb.nsenter_ok:
+                    return await fastrun.run_nsenter(req, act.fast, sb, t0)
             return await self._run_docker(req, act, t0)
         finally:
             del self._actions[req.action]
             async with sb.lock:
                 sb.active.pop(req.action, None)
                 await self._apply_cpuset(sb)
-
-    async def _run_fast(self, req: RunRequest, act: _Action, t0: float) -> RunResult:
-        sb, cg = act.sandbox, act.sandbox.cg
-        assert cg is not None
-        cmd, env = expand_dop(req.cmd, req.dop, {**sb.env, **req.env})
-        act.sub_cg = fastpath.make_action_cgroup(cg, req.action, format_cpuset(req.cores))
-        join = [fastpath.procs_file(d) for d in cg.others] + [fastpath.procs_file(act.sub_cg)]
-        owner = parse_owner(sb.user) if sb.user else None
-        argv = fastpath.nsenter_argv(sb.pid, join, cmd, owner, sb.setpriv)
-        out, err = OutputCollector(req.output_cap), OutputCollector(req.output_cap)
-        try:
-            act.proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE if req.stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
-            setup_s = time.monotonic() - t0
-            timed_out = await self._wait_fast(act, req, out, err)
-            code = exit_status(act.proc.returncode if act.proc.returncode is not None else -9)
-        finally:
-            await asyncio.to_thread(self._kill_fast, act)
-            await asyncio.to_thread(fastpath.remove_cgroup, act.sub_cg)
-        if timed_out or act.killed:
-            code = 137
-        return RunResult(code, out.value(), err.value(), out.truncated or err.truncated, timed_out,
-                         act.killed, time.monotonic() - t0 - setup_s, setup_s, tuple(req.cores))
-
-    async def _wait_fast(self, act: _Action, req: RunRequest, out: OutputCollector,
-                         err: OutputCollector) -> bool:
-        proc = act.proc
-        assert proc is not None
-        io = asyncio.gather(drain(proc.stdout, out), drain(proc.stderr, err), feed_stdin(proc.stdin, req.stdin))
-        timed_out = not await wait_exit(proc, req.timeout_s)
-        # The action ends with its main process: leftovers (background jobs) go too.
-        await asyncio.to_thread(self._kill_fast, act)
-        await proc.wait()
-        try:
-            await asyncio.wait_for(io, KILL_GRACE_S)
-        except asyncio.TimeoutError:
-            pass
-        return timed_out
-
-    def _kill_fast(self, act: _Action) -> None:
-        if act.proc is not None and act.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(act.proc.pid, 9)
-        if act.sub_cg is not None:
-            fastpath.kill_cgroup(act.sub_cg, KILL_GRACE_S)
 
     async def _run_docker(self, req: RunRequest, act: _Action, t0: float) -> RunResult:
         sb = act.sandbox
@@ -290,12 +297,12 @@ class DockerExecutor:
         timed_out = False
         try:
             await asyncio.wait_for(asyncio.shield(reader), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
             await self._kill_docker(act, exec_id)
         try:
             await asyncio.wait_for(asyncio.shield(reader), KILL_GRACE_S)
-        except asyncio.TimeoutError:  # a leftover still holds the stream: stop reading
+        except TimeoutError:  # a leftover still holds the stream: stop reading
             with contextlib.suppress(OSError):
                 getattr(sock, "_sock", sock).shutdown(2)
             await reader
@@ -318,9 +325,9 @@ class DockerExecutor:
         act = self._actions.get(action)
         if act is None:
             return False
-        act.killed = True
-        if act.sandbox.cg is not None:
-            await asyncio.to_thread(self._kill_fast, act)
+        act.killed = act.fast.killed = True
+        if act.fast.sub_cg is not None:
+            await act.fast.kill()
         elif act.exec_id is not None:
             await self._kill_docker(act, act.exec_id)
         return True

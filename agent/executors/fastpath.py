@@ -4,9 +4,10 @@ The builders (``parse_*``, ``cgroup_dirs``, ``nsenter_argv``) are pure. The few 
 cgroupfs (``write_cpuset``, ``make_action_cgroup``, ``kill_cgroup``, ``remove_cgroup``) are small and
 synchronous (each is well under a millisecond); callers run them inline.
 
-An action on the fast path lives in its own sub-cgroup ``tangram-<action>`` of the container's cpuset
-cgroup (v1) or unified cgroup (v2). On v1 that sub-cgroup carries exactly the granted cores, and on both
-it is how the whole process tree is found and killed, including ``setsid`` daemons.
+An action on the fast path lives in its own sub-cgroup of the container's cpuset cgroup (v1) or unified
+cgroup (v2): a slot ``tangram-slot-N`` of the container's ``SlotPool``, reused by later actions. On v1 the
+slot carries exactly the granted cores, and on both it is how the whole process tree is found and killed,
+including ``setsid`` daemons.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import contextlib
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-SUB_PREFIX = "tangram-"
+SUB_PREFIX = "tangram-slot-"
 
 # The wrapper joins every cgroup named before "--" and then execs the rest of its argv.
 JOIN_SCRIPT = 'p=$$; while [ "$1" != -- ]; do echo "$p" > "$1" || exit 125; shift; done; shift; exec "$@"'
@@ -124,13 +125,23 @@ def nsenter_argv(
 
 
 def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+    # Raw descriptors: a text-mode open() costs four more system calls (fstat, ioctl, two lseeks).
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read().strip()
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode().strip()
 
 
 def write_cpuset(cg_dir: str, cpus: str) -> str:
@@ -143,18 +154,61 @@ def read_cpuset(cg_dir: str) -> str:
     return _read(os.path.join(cg_dir, "cpuset.cpus"))
 
 
-def make_action_cgroup(cg: ContainerCgroups, action: str, cpus: str) -> str:
-    """Create the action's sub-cgroup; on v1 it gets exactly ``cpus``. Returns its directory."""
-    sub = os.path.join(cg.cpuset, SUB_PREFIX + action)
-    os.mkdir(sub)
-    try:
-        if not cg.v2:
-            _write(os.path.join(sub, "cpuset.mems"), _read(os.path.join(cg.cpuset, "cpuset.mems")))
-            _write(os.path.join(sub, "cpuset.cpus"), cpus)
-    except OSError:
-        os.rmdir(sub)
-        raise
-    return sub
+@dataclass
+class SlotPool:
+    """The action sub-cgroups of one container, kept between actions: re-setting a slot's ``cpuset.cpus``
+    costs a sixth of creating (``mkdir``, ``cpuset.mems``, ``cpuset.cpus``) and removing one. A slot is
+    in use by one action at a time; a free one has no tasks and (v1) an empty cpuset, so it never stands
+    in the way of narrowing the container's own cpuset."""
+
+    cg: ContainerCgroups
+    free: list[str] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+
+    def take(self, cpus: str) -> str:
+        """A slot with exactly ``cpus`` (v1). Returns its directory."""
+        sub = self.free.pop() if self.free else self._new()
+        try:
+            if not self.cg.v2:
+                _write(os.path.join(sub, "cpuset.cpus"), cpus)
+        except OSError:
+            self.give_back(sub)
+            raise
+        return sub
+
+    def _new(self) -> str:
+        n = 0
+        while f"{SUB_PREFIX}{n}" in self.names:
+            n += 1
+        sub = os.path.join(self.cg.cpuset, f"{SUB_PREFIX}{n}")
+        try:
+            os.mkdir(sub)
+        except FileExistsError:  # left by an earlier agent: empty it and take it over
+            kill_cgroup(sub, 1.0)
+        if not self.cg.v2:
+            _write(os.path.join(sub, "cpuset.mems"), _read(os.path.join(self.cg.cpuset, "cpuset.mems")))
+        self.names.add(f"{SUB_PREFIX}{n}")
+        return sub
+
+    def give_back(self, sub: str) -> bool:
+        """Return an emptied slot to the pool (v1: empty its cpuset); False when it could not be (still
+        busy): then it is dropped from the pool and the caller removes it with ``remove_cgroup``."""
+        try:
+            if not self.cg.v2:
+                _write(os.path.join(sub, "cpuset.cpus"), "\n")  # empty (a 0-byte write would not reach it)
+        except OSError:
+            self.names.discard(os.path.basename(sub))
+            return False
+        self.free.append(sub)
+        return True
+
+    def remove_all(self) -> None:
+        """Remove the free slots (before the container goes; runc would remove them too)."""
+        for sub in self.free:
+            with contextlib.suppress(OSError):
+                os.rmdir(sub)
+            self.names.discard(os.path.basename(sub))
+        self.free.clear()
 
 
 def procs_file(cg_dir: str) -> str:
@@ -168,11 +222,20 @@ def cgroup_pids(cg_dir: str) -> list[int]:
         return []
 
 
-def kill_cgroup(cg_dir: str, deadline_s: float = 5.0) -> bool:
-    """SIGKILL every process in the cgroup until it is empty; True when it emptied in time."""
+def kill_cgroup_once(cg_dir: str, spare: tuple[int, ...] = ()) -> bool:
+    """One pass: SIGKILL what is in the cgroup (but ``spare``); True when it was already empty."""
+    pids = [p for p in cgroup_pids(cg_dir) if p not in spare]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return not pids
+
+
+def kill_cgroup(cg_dir: str, deadline_s: float = 5.0, spare: tuple[int, ...] = ()) -> bool:
+    """SIGKILL every process in the cgroup (but ``spare``) until it is empty; True when it emptied in time."""
     end = time.monotonic() + deadline_s
     while True:
-        pids = cgroup_pids(cg_dir)
+        pids = [p for p in cgroup_pids(cg_dir) if p not in spare]
         if not pids:
             return True
         if time.monotonic() > end:

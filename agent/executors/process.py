@@ -1,75 +1,112 @@
-"""Process executor: no Docker. A sandbox is the directory ``<root>/<sandbox>``; an action is a process
-group pinned to its cores with ``taskset`` (or ``sched_setaffinity`` through a tiny Python shim).
+"""Process executor: no Docker. A sandbox is the directory ``<root>/<sandbox>``; an action is ``sh -c cmd`` in
+its own session, pinned to its cores from its first instruction, its output read by the event loop.
 
-Isolation is best effort: memory is limited with ``prlimit --as`` where available, there is no network or
-filesystem isolation, and a ``setsid`` daemon can escape the process-group kill.
+The command is started by the agent's spawner (``spawner``/``nsspawner``, plain mode: one small process that
+moves to the sandbox directory, pins itself to the cores and ``posix_spawn``s, so the agent's own thread
+never migrates or waits for a vfork), and reported back when it exits. Without a spawner (it could not start,
+or died), the agent spawns itself (``spawn.spawn_pinned``: the spawning thread's affinity is inherited, no
+``taskset`` exec) and watches the child through a pidfd. Either way, what the action leaves in its process
+group is killed when it ends.
+
+Isolation is best effort: memory is limited with ``prlimit --as`` where available and asked for, there is no
+network or filesystem isolation, and a ``setsid`` daemon can escape the process-group kill.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import shutil
-import signal
-import sys
 import time
 from dataclasses import dataclass
 
 from .base import (
     DEFAULT_GET_CAP,
     ExecutorError,
-    OutputCollector,
     RunRequest,
     RunResult,
     SandboxNotFound,
     SandboxSpec,
     check_name,
     check_request,
-    drain,
-    feed_stdin,
     exit_status,
     expand_dop,
-    format_cpuset,
     parse_cpuset,
     read_nofollow,
     split_relpath,
-    wait_exit,
     write_nofollow,
 )
+from .spawn import ChildIO, ExitWatch, kill_group, spawn_pinned
+from .spawner import Job, Spawner, plain_config
 
 KILL_GRACE_S = 5.0
-_AFFINITY_SHIM = "import os,sys; os.sched_setaffinity(0, map(int, sys.argv[1].split(','))); os.execvp(sys.argv[2], sys.argv[2:])"
+SPAWNER_TRIES = 3  # failed spawner starts before the agent keeps spawning actions itself
+log = logging.getLogger("agent.executors.process")
 
 
-def process_argv(cmd: str, cores: tuple[int, ...], mem_mib: int | None, taskset: str | None,
-                 prlimit: str | None) -> list[str]:
-    """Pure: the argv that pins ``sh -c cmd`` to ``cores`` (and caps its address space)."""
+def process_argv(cmd: str, mem_mib: int | None, prlimit: str | None) -> list[str]:
+    """Pure: the argv of ``sh -c cmd`` (behind ``prlimit --as`` when a memory cap is asked for)."""
     argv: list[str] = []
     if prlimit and mem_mib:
         argv += [prlimit, f"--as={mem_mib << 20}", "--"]
-    if taskset:
-        argv += [taskset, "-c", format_cpuset(cores)]
-    else:
-        argv += [sys.executable, "-S", "-c", _AFFINITY_SHIM, ",".join(map(str, sorted(cores)))]
     return [*argv, "/bin/sh", "-c", cmd]
 
 
 @dataclass
 class _Action:
-    proc: asyncio.subprocess.Process
+    pid: int = 0  # spawned by the agent itself
+    job: Job | None = None  # or by the spawner
+    spawner: Spawner | None = None
     killed: bool = False
+    timed_out: bool = False
+    reaped: bool = False  # after this the pid may be reused: never signal it again
+
+    def kill(self) -> None:
+        self.killed = True
+        self.stop()
+
+    def time_out(self) -> None:
+        self.timed_out = True
+        self.stop()
+
+    def stop(self) -> None:
+        if self.job is not None and self.spawner is not None:
+            self.spawner.kill(self.job)
+        elif self.pid and not self.reaped:
+            kill_group(self.pid)
 
 
 class ProcessExecutor:
-    def __init__(self, root_dir: str, idle_cpus: str, mem_limit: bool = False) -> None:
+    def __init__(self, root_dir: str, idle_cpus: str, mem_limit: bool = False, spawner: bool = True) -> None:
         self.root = os.path.abspath(root_dir)
         os.makedirs(self.root, mode=0o755, exist_ok=True)
         self.idle = parse_cpuset(idle_cpus)
         self.allowed = set(os.sched_getaffinity(0))
-        self._taskset, self._prlimit = shutil.which("taskset"), shutil.which("prlimit")
+        self._prlimit = shutil.which("prlimit")
         self._mem_limit = mem_limit
         self._mem: dict[str, int] = {}
         self._actions: dict[str, _Action] = {}
+        self.use_spawner = spawner and hasattr(os, "pidfd_open")
+        self._spawner: Spawner | None = None
+        self._spawner_lock: asyncio.Lock | None = None
+        self._spawner_failures = 0
+
+    async def _live_spawner(self) -> Spawner | None:
+        """The agent's spawner, started on first use; None: spawn from the agent."""
+        if not self.use_spawner or self._spawner_failures >= SPAWNER_TRIES:
+            return None
+        if self._spawner is not None and self._spawner.alive:
+            return self._spawner
+        self._spawner_lock = self._spawner_lock or asyncio.Lock()
+        async with self._spawner_lock:
+            if self._spawner is None or not self._spawner.alive:
+                try:
+                    self._spawner = await Spawner.start(plain_config())
+                except (ExecutorError, OSError) as exc:
+                    self._spawner_failures += 1
+                    log.warning("no spawner (%s): the agent spawns actions itself", exc)
+                    return None
+        return self._spawner
 
     def _dir(self, sandbox: str) -> str:
         return os.path.join(self.root, check_name("sandbox", sandbox))
@@ -96,34 +133,78 @@ class ProcessExecutor:
         t0 = time.monotonic()
         cmd, env = expand_dop(req.cmd, req.dop, {**_base_env(), **req.env})
         mem = self._mem.get(req.sandbox) if self._mem_limit else None
-        argv = process_argv(cmd, req.cores, mem, self._taskset, self._prlimit)
-        proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd, env=env, start_new_session=True,
-            stdin=asyncio.subprocess.PIPE if req.stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        act = self._actions[req.action] = _Action(proc)
+        argv = process_argv(cmd, mem, self._prlimit)
+        spawner = await self._live_spawner()
+        act = self._actions[req.action] = _Action()
+        try:
+            if spawner is not None:
+                return await self._run_spawned(req, act, spawner, argv, env, cwd, t0)
+            return await self._run_here(req, act, argv, env, cwd, t0)
+        finally:
+            del self._actions[req.action]
+
+    async def _run_spawned(self, req: RunRequest, act: _Action, spawner: Spawner, argv: list[str],
+                           env: dict[str, str], cwd: str, t0: float) -> RunResult:
+        io = ChildIO(req.output_cap, req.stdin)
+        try:
+            act.spawner = spawner
+            act.job = spawner.spawn(argv, env, io.child_fds, cwd=cwd, cores=sorted(req.cores))
+            # The deadline only sends the kill: the exit it causes is what this waits for, as for any exit.
+            io.start(req.timeout_s, act.time_out)
+            if act.killed:  # a Kill that came while the request was being sent
+                act.kill()
+            setup_s = time.monotonic() - t0
+            try:
+                returncode = await act.job.exit  # the spawner killed the leftovers before it reaped
+            except asyncio.CancelledError:
+                act.stop()  # it must not outlive the request
+                raise
+            await io.wait_eof(KILL_GRACE_S)
+        finally:
+            io.close()
+        return self._result(req, io, returncode, act.timed_out, act, t0, setup_s)
+
+    async def _run_here(self, req: RunRequest, act: _Action, argv: list[str], env: dict[str, str], cwd: str,
+                        t0: float) -> RunResult:
+        io = ChildIO(req.output_cap, req.stdin)
+        try:
+            act.pid = spawn_pinned(argv, env=env, cwd=cwd, cores=req.cores, fds=io.child_fds)
+        except BaseException:
+            io.close()
+            raise
+        io.start()
+        watch = ExitWatch(act.pid)
+        if act.killed:
+            act.kill()
         setup_s = time.monotonic() - t0
-        out, err = OutputCollector(req.output_cap), OutputCollector(req.output_cap)
-        io = asyncio.gather(drain(proc.stdout, out), drain(proc.stderr, err), feed_stdin(proc.stdin, req.stdin))
         timed_out = False
         try:
-            timed_out = not await wait_exit(proc, req.timeout_s)
+            timed_out = not await watch.wait(req.timeout_s)
         finally:
-            _killpg(proc.pid)  # leftovers of the action go with it
-            await proc.wait()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(io, KILL_GRACE_S)
-            del self._actions[req.action]
-        code = 137 if timed_out or act.killed else exit_status(proc.returncode or 0)
-        return RunResult(code, out.value(), err.value(), out.truncated or err.truncated, timed_out,
-                         act.killed, time.monotonic() - t0 - setup_s, setup_s, tuple(req.cores))
+            kill_group(act.pid)  # leftovers of the action go with it (the zombie still holds the pgid)
+            try:
+                await watch.wait(None)
+                act.reaped = True
+                returncode = watch.reap()
+                await io.wait_eof(KILL_GRACE_S)
+            finally:
+                watch.close()
+                io.close()
+        return self._result(req, io, returncode, timed_out, act, t0, setup_s)
+
+    @staticmethod
+    def _result(req: RunRequest, io: ChildIO, returncode: int, timed_out: bool, act: _Action, t0: float,
+                setup_s: float) -> RunResult:
+        code = 137 if timed_out or act.killed else exit_status(returncode)
+        log.debug("action %s: exit %d on cores %s", req.action, code, req.cores)
+        return RunResult(code, io.out.value(), io.err.value(), io.truncated, timed_out, act.killed,
+                         time.monotonic() - t0 - setup_s, setup_s, tuple(req.cores))
 
     async def kill(self, action: str) -> bool:
         act = self._actions.get(action)
         if act is None:
             return False
-        act.killed = True
-        _killpg(act.proc.pid)
+        act.kill()
         return True
 
     async def put(self, sandbox: str, path: str, data: bytes) -> None:
@@ -135,11 +216,11 @@ class ProcessExecutor:
     async def close(self) -> None:
         for action in list(self._actions):
             await self.kill(action)
-
-
-def _killpg(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+        exits = [a.job.exit for a in self._actions.values() if a.job is not None]
+        if exits:  # let the spawner report them before it goes
+            await asyncio.wait(exits, timeout=KILL_GRACE_S)
+        if self._spawner is not None:
+            await self._spawner.close()
 
 
 def _base_env() -> dict[str, str]:

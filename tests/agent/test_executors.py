@@ -16,7 +16,7 @@ from agent.executors.docker import DockerExecutor
 pytestmark = pytest.mark.docker
 
 NOBODY = "65534:65534"
-MODES = ["fastpath", "docker"]
+MODES = ["fastpath", "nsenter", "docker"]  # nsenter: the fast path without a spawner (its fallback)
 
 
 def _need_two_cpus():
@@ -31,15 +31,21 @@ def _need_root():
 
 @pytest.fixture(params=MODES)
 def mode(request):
-    if request.param == "fastpath":
+    if request.param in ("fastpath", "nsenter"):
         _need_root()
     return request.param
+
+
+def make_executor(docker_client, image, mode, idle="0-1", cluster=None):
+    """``mode`` as in MODES: nsenter is mode=fastpath with the spawner switched off."""
+    return DockerExecutor(docker_client, cluster or f"t{uuid.uuid4().hex[:8]}", idle, image,
+                          mode="fastpath" if mode == "nsenter" else mode, spawner=mode != "nsenter")
 
 
 @pytest.fixture
 async def executor(docker_client, busybox_image, mode):
     _need_two_cpus()
-    ex = DockerExecutor(docker_client, f"t{uuid.uuid4().hex[:8]}", "0-1", busybox_image, mode=mode)
+    ex = make_executor(docker_client, busybox_image, mode)
     made: list[str] = []
     orig = ex.create_sandbox
 
@@ -99,7 +105,7 @@ async def test_cpuset_is_exactly_the_grant_then_idle(executor, spec, docker_clie
 
 async def test_idle_set_is_restored_when_narrower(docker_client, busybox_image, spec, mode):
     _need_two_cpus()
-    ex = DockerExecutor(docker_client, f"t{uuid.uuid4().hex[:8]}", "1", busybox_image, mode=mode)
+    ex = make_executor(docker_client, busybox_image, mode, idle="1")
     await ex.create_sandbox(spec())
     try:
         container = container_of(ex, docker_client)
@@ -130,10 +136,11 @@ async def test_concurrent_disjoint_actions_never_share_a_core(executor, spec, do
     assert out2 == ["Cpus_allowed_list:\t1"] * 2
 
 
-async def test_same_sandbox_concurrent_fastpath_gets_own_cores(docker_client, busybox_image, spec):
+@pytest.mark.parametrize("fast", ["fastpath", "nsenter"])
+async def test_same_sandbox_concurrent_fastpath_gets_own_cores(docker_client, busybox_image, spec, fast):
     _need_root()
     _need_two_cpus()
-    ex = DockerExecutor(docker_client, f"t{uuid.uuid4().hex[:8]}", "0-1", busybox_image, mode="fastpath")
+    ex = make_executor(docker_client, busybox_image, fast)
     await ex.create_sandbox(spec())
     try:
         cmd = "sleep 0.5; grep Cpus_allowed_list /proc/self/status"
@@ -192,9 +199,10 @@ async def test_timeout_kills_the_whole_tree(executor, spec, docker_client):
     assert r.stdout == b"alive\n"
 
 
-async def test_timeout_kills_setsid_daemons_on_fastpath(docker_client, busybox_image, spec):
+@pytest.mark.parametrize("fast", ["fastpath", "nsenter"])
+async def test_timeout_kills_setsid_daemons_on_fastpath(docker_client, busybox_image, spec, fast):
     _need_root()
-    ex = DockerExecutor(docker_client, f"t{uuid.uuid4().hex[:8]}", "0-1", busybox_image, mode="fastpath")
+    ex = make_executor(docker_client, busybox_image, fast)
     await ex.create_sandbox(spec())
     try:
         container = container_of(ex, docker_client)
@@ -291,7 +299,16 @@ async def test_destroy_is_idempotent_and_list_finds_labelled(executor, spec):
 
 async def test_adopts_existing_sandbox_after_restart(executor, spec, docker_client, busybox_image):
     await executor.create_sandbox(spec())
-    fresh = DockerExecutor(docker_client, executor.cluster, "0-1", busybox_image, mode=executor.mode)
+    fresh = DockerExecutor(docker_client, executor.cluster, "0-1", busybox_image, mode=executor.mode,
+                           spawner=executor.use_spawner)
     assert await fresh.list_sandboxes() == ["s1"]
     r = await fresh.run(req("grep Cpus_allowed_list /proc/self/status; id -u", (1,)))
     assert cpus_seen(r.stdout) == (1,) and r.stdout.split()[-1] == b"65534"
+
+
+async def test_quick_actions_keep_all_their_output(executor, spec):
+    """Most of the output of a short action is still in the pipe when its exit is reported."""
+    await executor.create_sandbox(spec())
+    for i in range(15):
+        r = await executor.run(req(f"echo out{i}; echo err{i} >&2", (i % 2,), stdin=b"x" if i % 3 else None))
+        assert (r.exit_code, r.stdout, r.stderr) == (0, f"out{i}\n".encode(), f"err{i}\n".encode())

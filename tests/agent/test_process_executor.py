@@ -15,12 +15,16 @@ from agent.executors.process import ProcessExecutor
 CPUS = sorted(os.sched_getaffinity(0))
 
 
-@pytest.fixture
-async def ex(tmp_path):
-    e = ProcessExecutor(str(tmp_path / "sandboxes"), ",".join(map(str, CPUS)))
+@pytest.fixture(params=["spawner", "agent"])
+async def ex(tmp_path, request):
+    """Both ways to start an action: through the spawner, and from the agent itself (its fallback)."""
+    cpus = ",".join(map(str, CPUS))
+    e = ProcessExecutor(str(tmp_path / "sandboxes"), cpus, spawner=request.param == "spawner")
     await e.create_sandbox(SandboxSpec("s1", "", 64))
     yield e
     await e.close()
+    if request.param == "spawner":
+        assert e._spawner_failures == 0, "the spawner did not start"
 
 
 def req(cmd, cores=(CPUS[0],), action=None, **kw):
@@ -141,3 +145,179 @@ async def test_destroy_idempotent_and_list(ex):
 async def test_rejects_cores_outside_affinity(ex):
     with pytest.raises(ValueError, match="outside"):
         await ex.run(req("true", (max(CPUS) + 64,)))
+
+
+# ---------------------------------------------------------------- the spawn primitive (agent.executors.spawn)
+
+NESTED = ("grep Cpus_allowed_list /proc/self/status; "
+          "sh -c 'grep Cpus_allowed_list /proc/self/status; (grep Cpus_allowed_list /proc/self/status)'; "
+          "(sleep 0.05; grep Cpus_allowed_list /proc/self/status) & wait")
+
+
+async def test_children_and_grandchildren_are_pinned(ex):
+    for cores in [(c,) for c in CPUS]:
+        r = await ex.run(req(NESTED, cores))
+        seen = [parse_cpuset(line.split(":")[1]) for line in r.stdout.decode().splitlines()]
+        assert seen == [cores] * 4, r
+
+
+async def test_the_spawning_thread_gets_its_affinity_back(ex):
+    before = os.sched_getaffinity(0)
+    await asyncio.gather(*(ex.run(req("true", (c,))) for c in CPUS))
+    assert os.sched_getaffinity(0) == before
+
+
+async def test_no_thread_per_child(ex):
+    import threading
+
+    before = threading.active_count()
+    task = asyncio.gather(*(ex.run(req("sleep 0.3")) for _ in range(4)))
+    await asyncio.sleep(0.15)
+    assert threading.active_count() == before
+    assert [r.exit_code for r in await task] == [0] * 4
+
+
+async def test_without_pidfds_a_thread_waits(ex, monkeypatch):
+    def no_pidfd(pid):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    r = await ex.run(req("echo hi; exit 3"))
+    assert (r.exit_code, r.stdout) == (3, b"hi\n")
+    r = await ex.run(req("sleep 100 & sleep 100", timeout_s=0.3))
+    assert r.timed_out and r.exit_code == 137
+
+
+async def test_kill_takes_the_grandchildren(ex):
+    task = asyncio.ensure_future(ex.run(req("echo $$ > pid; sh -c 'sleep 100 & sleep 100' & sleep 100",
+                                            action="tree")))
+    await asyncio.sleep(0.3)
+    pgid = int((await ex.get("s1", "pid")).decode())
+    assert _group_members(pgid)
+    assert await ex.kill("tree")
+    r = await asyncio.wait_for(task, 5)
+    assert r.killed and r.exit_code == 137
+    assert not _group_alive(pgid)
+
+
+async def test_stdin_not_read_and_both_streams_capped(ex):
+    r = await ex.run(req("true", stdin=b"x" * (1 << 20)))  # EPIPE on the agent side is not an error
+    assert r.exit_code == 0
+    r = await ex.run(req("head -c 5000 /dev/zero; head -c 7000 /dev/zero >&2", output_cap=1000))
+    assert r.truncated and len(r.stdout) == len(r.stderr) == 1000
+
+
+async def test_signal_exit_and_missing_sandbox(ex):
+    r = await ex.run(req("kill -TERM $$"))
+    assert r.exit_code == 128 + 15 and not r.killed
+    with pytest.raises(Exception, match="no sandbox"):
+        await ex.run(RunRequest("a-x", "nope", "true", (CPUS[0],)))
+    assert not ex._actions
+
+
+def _status_field(text: str, key: str) -> int:
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith(key + ":")), 16)
+
+
+@pytest.fixture(params=["libc", "popen"])
+def spawn_path(request, monkeypatch):
+    """How the agent spawns (the spawner itself, or actions without it): libc posix_spawn, or Popen."""
+    from agent.executors import spawn
+
+    if request.param == "popen":
+        monkeypatch.setattr(spawn, "_libc", None)
+    return request.param
+
+
+async def test_child_starts_clean(ex, spawn_path):
+    """A session leader, SIGPIPE at its default, nothing blocked, no descriptor of ours inherited."""
+    r = await ex.run(req("cut -d' ' -f1,6 /proc/$$/stat; cat /proc/self/status; echo $(ls /proc/self/fd)"))
+    lines = r.stdout.decode().splitlines()
+    pid, sid = lines[0].split()
+    assert pid == sid
+    status = "\n".join(lines[1:])
+    assert not _status_field(status, "SigIgn") & (1 << (13 - 1))  # SIGPIPE
+    assert _status_field(status, "SigBlk") == 0
+    assert sorted(int(x) for x in lines[-1].split()) == [0, 1, 2, 3], lines[-1]  # 3: ls's own
+
+
+async def test_spawn_paths_behave_alike(ex, spawn_path, tmp_path):
+    r = await ex.run(req("pwd; echo $TANGRAM_DOP; grep Cpus_allowed_list /proc/self/status; exit 5",
+                         (CPUS[-1],), dop=2))
+    lines = r.stdout.decode().splitlines()
+    assert r.exit_code == 5 and lines[:2] == [str(tmp_path / "sandboxes" / "s1"), "2"]
+    assert parse_cpuset(lines[2].split(":")[1]) == (CPUS[-1],)
+    from agent.executors.spawn import spawn_pinned
+
+    with pytest.raises(OSError):
+        spawn_pinned(["/nonexistent/sh"], env={}, cwd=str(tmp_path), cores=None, fds=(0, 1, 2))
+    with pytest.raises(OSError):
+        spawn_pinned(["/bin/sh", "-c", "true"], env={}, cwd=str(tmp_path / "gone"), cores=(CPUS[0],),
+                     fds=(0, 1, 2))
+    assert os.sched_getaffinity(0) == set(CPUS)
+
+
+async def test_spawner_death_is_survived(tmp_path):
+    import signal
+
+    from agent.executors.base import ExecutorError
+
+    e = ProcessExecutor(str(tmp_path / "sandboxes"), ",".join(map(str, CPUS)))
+    await e.create_sandbox(SandboxSpec("s1", "", 64))
+    try:
+        await e.run(req("true"))
+        first = e._spawner.pid
+        task = asyncio.ensure_future(e.run(req("echo $$ > pid; sleep 100")))
+        await asyncio.sleep(0.3)
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(ExecutorError, match="spawner"):
+            await asyncio.wait_for(task, 5)
+        r = await e.run(req("echo again"))  # a new spawner
+        assert r.stdout == b"again\n" and e._spawner.pid != first
+    finally:
+        await e.close()
+
+
+async def test_closing_the_executor_ends_spawner_and_actions(tmp_path):
+    e = ProcessExecutor(str(tmp_path / "sandboxes"), ",".join(map(str, CPUS)))
+    await e.create_sandbox(SandboxSpec("s1", "", 64))
+    task = asyncio.ensure_future(e.run(req("echo $$ > pid; sleep 100", action="long")))
+    await asyncio.sleep(0.3)
+    spawner, pgid = e._spawner.pid, int((await e.get("s1", "pid")).decode())
+    await e.close()
+    r = await asyncio.wait_for(task, 5)
+    assert r.killed and not _group_alive(pgid)
+    with pytest.raises(ProcessLookupError):
+        os.kill(spawner, 0)  # gone, and reaped
+
+
+async def test_quick_actions_keep_all_their_output(ex):
+    """Most of the output of a short action is still in the pipe when its exit is reported."""
+    for i in range(30):
+        stdin = b"x" if i % 3 else None
+        r = await ex.run(req(f"echo out{i}; echo err{i} >&2", (CPUS[i % len(CPUS)],), stdin=stdin))
+        assert (r.exit_code, r.stdout, r.stderr) == (0, f"out{i}\n".encode(), f"err{i}\n".encode())
+
+
+async def test_spawner_reports_a_missing_program_as_a_shell_would(tmp_path):
+    from agent.executors.spawn import ChildIO
+    from agent.executors.spawner import Spawner, plain_config
+
+    sp = await Spawner.start(plain_config())
+    try:
+        io = ChildIO(1000, None)
+        job = sp.spawn(["/nonexistent/prog"], {}, io.child_fds, cwd=str(tmp_path), cores=[CPUS[0]])
+        io.start()
+        assert await asyncio.wait_for(job.exit, 5) == 127
+        await io.wait_eof(5)
+        assert b"/nonexistent/prog" in io.err.value()
+        io.close()
+        io = ChildIO(1000, None)
+        job = sp.spawn(["/bin/true"], {}, io.child_fds, cwd=str(tmp_path / "gone"), cores=[CPUS[0]])
+        io.start()
+        with pytest.raises(Exception, match="could not start"):
+            await asyncio.wait_for(job.exit, 5)
+        io.close()
+        assert sp.alive
+    finally:
+        await sp.close()

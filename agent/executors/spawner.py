@@ -1,0 +1,194 @@
+"""Agent side of the spawner (``nsspawner.py``, see its docstring for what runs there).
+
+``Spawner.start`` runs a spawner (plain: for the process executor; container: for one sandbox), with the
+host's Python (``-I -S``) and one end of a ``SOCK_SEQPACKET`` socket pair as its stdin, and waits for it to
+say ready. ``spawn`` sends one request with the action's stdio (and, container mode, its sub-cgroup's
+``cgroup.procs``) as ``SCM_RIGHTS`` and returns a ``Job`` whose ``exit`` future ends with the exit code (-N
+for signal N). Everything runs on the event loop: one reader on the socket, a pidfd on the spawner itself
+(our child: reaped here), no threads, no per-request task.
+
+When the spawner dies (or the container stops), every job still waiting fails with ``SpawnerLost`` and
+the executor falls back (to ``nsenter``, or to spawning from the agent itself) until a new spawner starts.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import ExecutorError
+from .spawn import ExitWatch, devnull, spawn_pinned, wait_done
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nsspawner.py")
+MAX_MSG = 4 << 20  # the spawner's receive size; larger requests take the nsenter path
+START_TIMEOUT_S = 10.0
+SEND_TRIES = 50  # 100 ms apart: a spawner that takes no request for 5 s counts as lost
+log = logging.getLogger("agent.executors.spawner")
+
+
+class SpawnerLost(ExecutorError):
+    pass
+
+
+def plain_config() -> dict[str, Any]:
+    return {"mode": "plain"}
+
+
+def container_config(container_pid: int, cid: str, *, home: str, join: list[str],
+                     user: tuple[int, int] | None) -> dict[str, Any]:
+    """``home``: the ``cgroup.procs`` of the container's cpuset cgroup; ``join``: those of its other
+    cgroups; ``user``: the sandbox's uid and gid (None: root, without capabilities)."""
+    return {"mode": "container", "pid": container_pid, "cid": cid, "home": home, "join": join, "user": user}
+
+
+@dataclass
+class Job:
+    id: int
+    exit: asyncio.Future[int]
+
+
+@dataclass
+class Spawner:
+    pid: int
+    sock: socket.socket
+    loop: asyncio.AbstractEventLoop
+    watch: ExitWatch | None = None
+    ready: asyncio.Future[int] | None = None
+    jobs: dict[int, Job] = field(default_factory=dict)
+    alive: bool = True
+    _next: int = 0
+
+    @classmethod
+    async def start(cls, cfg: dict[str, Any], timeout_s: float = START_TIMEOUT_S) -> Spawner:
+        """Start a spawner with ``cfg`` (see ``nsspawner``; ``plain_config``, ``container_config``).
+        Raises ExecutorError when it cannot get ready."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for s in (ours, theirs):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MSG)
+        try:
+            pid = spawn_pinned([sys.executable, "-I", "-S", SCRIPT, json.dumps(cfg)], env={}, cwd="/",
+                               cores=None, fds=(theirs.fileno(), devnull(), 2))
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        loop = asyncio.get_running_loop()
+        sp = cls(pid, ours, loop, ready=loop.create_future())
+        sp.watch = ExitWatch(pid, on_exit=sp._exited)
+        loop.add_reader(ours.fileno(), sp._on_readable)
+        try:
+            if not await wait_done(sp.ready, timeout_s):
+                raise ExecutorError(f"the spawner did not get ready within {timeout_s:.0f} s")
+            sp.ready.result()
+        except BaseException:
+            await sp.close()
+            raise
+        return sp
+
+    def spawn(self, argv: list[str], env: dict[str, str], fds: tuple[int, ...], **where: Any) -> Job:
+        """Send one spawn request (``where``: ``cwd`` and ``cores`` in plain mode); raises SpawnerLost, or
+        ExecutorError when it is too large to send."""
+        if not self.alive:
+            raise SpawnerLost("the spawner is gone")
+        self._next += 1
+        job = Job(self._next, self.loop.create_future())
+        job.exit.add_done_callback(lambda f: f.cancelled() or f.exception())
+        data = json.dumps({"op": "spawn", "id": job.id, "argv": argv, "env": env, **where}).encode()
+        if len(data) > MAX_MSG:
+            raise ExecutorError(f"spawn request of {len(data)} bytes is over {MAX_MSG}")
+        self._send(data, fds)
+        self.jobs[job.id] = job
+        return job
+
+    def kill(self, job: Job) -> None:
+        """SIGKILL the job's main process (the spawner is its parent: no pid reuse race)."""
+        if self.alive and not job.exit.done():
+            with contextlib.suppress(ExecutorError):  # lost: its actions' process groups die with it
+                self._send(json.dumps({"op": "kill", "id": job.id}).encode(), ())
+
+    def _send(self, data: bytes, fds: tuple[int, ...]) -> None:
+        for _ in range(SEND_TRIES):
+            try:
+                socket.send_fds(self.sock, [data], list(fds)) if fds else self.sock.send(data)
+                return
+            except BlockingIOError:  # its buffer is full: it is far behind, or blocked telling us exits
+                self._on_readable()  # so take those first, then give it a moment
+                if not self.alive:
+                    break
+                select.select([], [self.sock], [], 0.1)
+            except OSError as exc:
+                self._lost(f"send failed: {exc}")
+                break
+        if self.alive:
+            self._lost("it does not take requests")
+        raise SpawnerLost("the spawner is gone")
+
+    def _on_readable(self) -> None:
+        for _ in range(256):
+            try:
+                data = self.sock.recv(1 << 16)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._lost(str(exc))
+                return
+            if not data:
+                self._lost("it closed its socket")
+                return
+            self._on_message(json.loads(data))
+
+    def _on_message(self, msg: dict[str, Any]) -> None:
+        if self.ready is not None and not self.ready.done():
+            if "ready" in msg:
+                self.ready.set_result(int(msg["ready"]))
+            elif "failed" in msg:
+                self.ready.set_exception(ExecutorError(f"the spawner could not start: {msg['failed']}"))
+            return
+        job = self.jobs.pop(msg.get("id", -1), None)
+        if job is None or job.exit.done():  # done: the run waiting for it was cancelled
+            return
+        if "exit" in msg:
+            job.exit.set_result(int(msg["exit"]))
+        else:
+            why = msg.get("error")
+            job.exit.set_exception(ExecutorError(f"the spawner could not start the action: {why}"))
+
+    def _exited(self) -> None:
+        self._lost("it exited")
+        if self.watch is not None:
+            with contextlib.suppress(ChildProcessError):
+                self.watch.reap()
+            self.watch = None
+
+    def _lost(self, why: str) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        with contextlib.suppress(ValueError, OSError):
+            self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+        if self.ready is not None and not self.ready.done():
+            self.ready.set_exception(ExecutorError(f"the spawner could not start: {why}"))
+        for job in self.jobs.values():
+            if not job.exit.done():  # (cancelled ones are done)
+                job.exit.set_exception(SpawnerLost(f"the spawner is gone: {why}"))
+        self.jobs.clear()
+        log.debug("spawner %d lost: %s", self.pid, why)
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Close the socket (the spawner leaves on EOF), wait for it to exit, reap it."""
+        self._lost("closed by the agent")
+        watch = self.watch
+        if watch is None:  # already reaped
+            return
+        if not await watch.wait(timeout_s):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            await watch.wait(None)  # _exited reaps it

@@ -1,0 +1,179 @@
+"""The agent process around ``link.Agent``: logging, the pidfile, the machine facts of ``Hello``, the
+executor and GPU host it is built with, and the entry point (``main``, also ``agent.link.main``)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from typing import Any
+
+import tangram
+from tangram.errors import ConfigError
+
+from .config import AgentConfig
+
+log = logging.getLogger("agent")
+EXIT_CONFIG = 2
+
+
+def setup_logging(cfg: AgentConfig) -> None:
+    handler: logging.Handler
+    if cfg.log_file:
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
+        handler = logging.FileHandler(cfg.log_file)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s.%(msecs)03d %(levelname)s agent[{cfg.name}] %(message)s", "%Y-%m-%dT%H:%M:%S"))
+    root = logging.getLogger("agent")
+    root.handlers[:] = [handler]
+    root.setLevel(cfg.log_level.upper())
+    root.propagate = False
+
+
+def write_pidfile(path: str) -> None:
+    """``agent.pid`` in the workdir; refuses when another live agent holds it."""
+    try:
+        with open(path, encoding="ascii") as f:
+            other = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        other = 0
+    if other and other != os.getpid() and _alive(other):
+        raise ConfigError(f"another agent (pid {other}) runs with this workdir ({path})",
+                          hint="stop it first, or give this agent its own --workdir")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(f"{os.getpid()}\n")
+    os.replace(tmp, path)
+
+
+def remove_pidfile(path: str) -> None:
+    try:
+        with open(path, encoding="ascii") as f:
+            mine = int(f.read().strip() or 0) == os.getpid()
+    except (OSError, ValueError):
+        return
+    if mine:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def build_facts(cfg: AgentConfig, machine: Any, cpus: list[int], idle: list[int], executor_kind: str,
+                gpus: list[Any]) -> dict[str, Any]:
+    """The Hello facts of the contract (docs/agent.md)."""
+    numa = [[c for c in node if c in set(cpus)] for node in machine.numa]
+    numa = [n for n in numa if n] or [list(cpus)]
+    return {
+        "cpus": list(cpus), "idle_cpus": list(idle), "numa": numa,
+        "mem_mib": cfg.mem_mib if cfg.mem_mib is not None else machine.mem_offer_mib,
+        "gpus": len(gpus), "gpu_mem_mib": min((g.memory_total_mib for g in gpus), default=0),
+        "gpu_uuids": [g.uuid for g in gpus], "executor": executor_kind, "docker": bool(machine.docker),
+        "cgroup": machine.cgroup, "hostname": machine.hostname[:256], "pid": os.getpid(),
+        "version": tangram.__version__, "python": machine.python, "cluster": cfg.cluster,
+        "services": [s["name"] for s in cfg.services],
+    }
+
+
+def build_executor(cfg: AgentConfig, docker_ok: bool, idle: list[int]) -> tuple[Any, str]:
+    from agent.executors.base import format_cpuset
+
+    kind = cfg.executor
+    if kind == "auto":
+        kind = "docker" if docker_ok else "process"
+    if kind == "docker":
+        if not docker_ok:
+            raise ConfigError("executor docker: no dockerd answers",
+                              hint="start dockerd (or set DOCKER_HOST), or use --executor process")
+        import docker
+
+        from agent.executors.docker import DockerExecutor
+        from agent.executors.images import HOSTROOT_IMAGE, ensure_hostroot_image
+
+        client = docker.from_env(timeout=60)
+        if cfg.image == HOSTROOT_IMAGE:
+            ensure_hostroot_image(client)
+        return DockerExecutor(client, cfg.cluster, format_cpuset(idle), cfg.image, mode=cfg.docker_mode), kind
+    from agent.executors.process import ProcessExecutor
+
+    return ProcessExecutor(os.path.join(cfg.workdir, "sandboxes"), format_cpuset(idle)), kind
+
+
+def build_gpu_host(cfg: AgentConfig, machine: Any) -> tuple[Any, list[Any]]:
+    """(GpuHost or None, GpuInfo list): emulated devices when asked, else NVML's, else none."""
+    try:
+        from agent.gpu.base import GpuInfo, emulated_gpus
+        from agent.gpu.emulated import EmulatedConfig
+        from agent.gpu.host import GpuHost
+    except ImportError as exc:
+        log.warning("GPU host unavailable (%s): no GPU services", exc)
+        return None, []
+    runtimes: dict[str, Any] = {"emulated": EmulatedConfig(bandwidth_gbps=cfg.restore_bandwidth_gbps)}
+    if cfg.emulated_gpus:
+        gpus = emulated_gpus(cfg.emulated_gpus, cfg.gpu_mem_mib, node=cfg.name)
+        return GpuHost(gpus, runtimes), gpus
+    if not machine.gpus:
+        return None, []
+    from agent.gpu.nvml import device_memory
+    from agent.gpu.runtimes import default_runtimes
+
+    gpus = [GpuInfo(index=g["index"], uuid=g["uuid"], name=g["name"], memory_total_mib=g["memory_total_mib"],
+                    memory_used_mib=g.get("memory_used_mib", 0), cpus=tuple(g.get("cpus", ())),
+                    pci_bus_id=g.get("pci_bus_id", "")) for g in machine.gpus]
+    # real devices: every runtime (emulated, vllm, sglang; torch when installed), and 1 GiB per GPU
+    # kept back for the CUDA context and allocator slack, as agent.gpu.runtimes.build_host does
+    runtimes = default_runtimes(EmulatedConfig(bandwidth_gbps=cfg.restore_bandwidth_gbps))
+    return GpuHost(gpus, runtimes, reserve_mib=1024, device_memory=device_memory), gpus
+
+
+async def run_agent(cfg: AgentConfig) -> int:
+    """Probe, build the executor and GPU host, write the pidfile, run until stopped."""
+    from agent.probe import probe
+
+    machine = await asyncio.to_thread(probe, cfg.executor != "process", cfg.emulated_gpus == 0)
+    cpus, idle = cfg.resolve_cpus(machine.online)
+    executor, kind = await asyncio.to_thread(build_executor, cfg, machine.docker, idle)
+    gpu_host, gpus = build_gpu_host(cfg, machine)
+    facts = build_facts(cfg, machine, cpus, idle, kind, gpus)
+    log.info("agent %s: executor %s, cpus %s, idle %s, %d MiB, %d GPUs, controller %s", cfg.name, kind, cpus,
+             idle, facts["mem_mib"], len(gpus), cfg.controller)
+    from .link import Agent
+
+    agent = Agent(cfg, executor, facts=facts, gpu_host=gpu_host, cpus=cpus)
+    pidfile = cfg.pidfile()
+    write_pidfile(pidfile)
+    try:
+        code = await agent.run()
+    finally:
+        await agent.close()
+        remove_pidfile(pidfile)
+    return code
+
+
+def main(cfg: AgentConfig) -> int:
+    """Process entry for ``python -m agent`` and ``tangram agent``: returns the exit code."""
+    os.makedirs(cfg.workdir, exist_ok=True)
+    setup_logging(cfg)
+    try:
+        return asyncio.run(run_agent(cfg))
+    except ConfigError as exc:
+        log.error("%s%s", exc.message, f" (to fix: {exc.hint})" if exc.hint else "")
+        return EXIT_CONFIG
+    except Exception as exc:
+        from .link import AgentExit
+
+        if not isinstance(exc, AgentExit):
+            raise
+        log.error("%s", exc)
+        return exc.code
