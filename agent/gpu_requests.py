@@ -10,6 +10,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 
 from tangram import protocol as p
+from tangram.outcomes import CallOutcome
 from tangram.errors import BadRequest, Cancelled, NodeLost, RemoteError
 
 from .support import gpu_chunk
@@ -94,9 +95,9 @@ class GpuRequests:
                 raise RemoteError(
                     f"service {msg.service!r} returned a value msgpack cannot encode: {exc}") from None
             run_s = time.monotonic() - t0
-            body = {"run_s": run_s, "gpus": list(msg.gpus), "service": msg.service,
-                    **self._echo(msg.action, msg.attempt, msg.epoch, msg.agent_epoch)}
-            reply: Reply = (p.Result(body), [blob])
+            outcome = CallOutcome(run_s=run_s, gpus=tuple(msg.gpus), service=msg.service,
+                                  **self._echo(msg.action, msg.attempt, msg.epoch, msg.agent_epoch))
+            reply: Reply = (p.Result(outcome.to_body()), [blob])
             run.outcome.set_result(reply)
             return reply
         except BaseException as exc:

@@ -34,6 +34,7 @@ from typing import Any
 import zmq
 
 from tangram import protocol as p
+from tangram.outcomes import ExecOutcome
 from tangram.errors import (
     BadRequest,
     ErrorCode,
@@ -511,11 +512,11 @@ class Agent(GpuRequests):
         run = self._track(msg.action, msg.attempt, "spawn")
         try:
             res = await self.executor.run(req)
-            body = {"exit_code": res.exit_code, "truncated": res.truncated, "timed_out": res.timed_out,
-                    "killed": res.killed, "run_s": res.run_s, "setup_s": res.setup_s,
-                    "cores": list(res.cores),
-                    **self._echo(msg.action, msg.attempt, msg.epoch, msg.agent_epoch)}
-            reply: Reply = (p.Result(body), [res.stdout, res.stderr])
+            outcome = ExecOutcome(exit_code=res.exit_code, truncated=res.truncated, timed_out=res.timed_out,
+                                  killed=res.killed, run_s=res.run_s, setup_s=res.setup_s,
+                                  cores=tuple(res.cores),
+                                  **self._echo(msg.action, msg.attempt, msg.epoch, msg.agent_epoch))
+            reply: Reply = (p.Result(outcome.to_body()), [res.stdout, res.stderr])
             log.debug("action %s/%d ended: exit %d%s%s in %.3f s on cores %s", msg.action, msg.attempt,
                      res.exit_code, " (timed out)" if res.timed_out else "",
                      " (killed)" if res.killed else "",
@@ -535,6 +536,7 @@ class Agent(GpuRequests):
         return run
 
     def _echo(self, action: str, attempt: int, epoch: int, agent_epoch: int) -> dict[str, Any]:
+        """The attempt's identity for an outcome (`ExecOutcome`/`CallOutcome` fields), for fencing."""
         return {"action": action, "attempt": attempt, "epoch": epoch or self.controller_epoch,
                 "agent_epoch": agent_epoch or self.agent_epoch, "node": self.cfg.name}
 
