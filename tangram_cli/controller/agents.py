@@ -22,7 +22,6 @@ Rules (docs/protocol.md, "Controller <-> agent contract" and "Controller behavio
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Callable
@@ -36,8 +35,9 @@ from tangram import protocol
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.errors import NodeLost, ProtocolError, SandboxLost
-from tangram.outcomes import CallOutcome, ExecOutcome
+from tangram.outcomes import ExecOutcome
 from tangram_cli.controller.config import ControllerConfig
+from tangram_cli.controller.agent_gpu import GpuCommands
 from tangram_cli.controller.state import ActionRecord, Outcome, Registry, encode_to
 from tangram_cli.controller.wire import send_now, serve, shadow
 
@@ -107,7 +107,7 @@ def node_event(name: str, facts: dict[str, Any]) -> ev.NodeJoined:
     )
 
 
-class AgentLink:
+class AgentLink(GpuCommands):
     def __init__(
         self,
         sock: zmq.asyncio.Socket,
@@ -490,93 +490,6 @@ class AgentLink:
         res: ExecOutcome = out.result  # type: ignore[assignment]
         ok = not (res.killed or res.timed_out)
         self.post(ev.ActionFinished(action_id, ok=ok, reason=f"exit {res.exit_code}"))
-
-    # ------------------------------------------------------------ GPU commands
-    def _chain(self, node: str, coro_fn: Callable[[], Any]) -> asyncio.Future[None]:
-        agent = self.agents.get(node)
-        prev = agent.gpu_tail if agent is not None else None
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        async def step() -> None:
-            try:
-                if prev is not None:
-                    await asyncio.shield(prev)
-                await coro_fn()
-            finally:
-                if not done.done():
-                    done.set_result(None)
-
-        self._spawn_task(step())
-        if agent is not None:
-            agent.gpu_tail = done
-        return done
-
-    def load(self, c: cmd.Load) -> asyncio.Future[None]:
-        failed: dict[str, str] = {}
-
-        async def run() -> None:
-            try:
-                env = await self.request(c.node, protocol.Load(c.service, list(range(c.start, c.end))))
-            except NodeLost:
-                failed["why"] = "node lost during load"
-                return
-            if isinstance(env.msg, protocol.Error):
-                failed["why"] = f"load of {c.service} failed: {env.msg.message}"
-                log.error("%s on %s", failed["why"], c.node)
-                self.post(ev.ServiceEvicted(c.node, c.service, c.start))
-
-        fut = self._chain(c.node, run)
-        fut.failed = failed  # type: ignore[attr-defined]
-        return fut
-
-    def evict(self, c: cmd.Evict) -> None:
-        async def run() -> None:
-            with contextlib.suppress(NodeLost):
-                env = await self.request(c.node, protocol.Evict(c.service, list(range(c.start, c.end))))
-                if isinstance(env.msg, protocol.Error):
-                    log.error("evict of %s on %s failed: %s", c.service, c.node, env.msg.message)
-
-        self._chain(c.node, run)
-
-    def invoke(self, c: cmd.Invoke, rec: ActionRecord, load: asyncio.Future[None] | None) -> None:
-        agent = self.agents.get(c.node)
-        before = agent.gpu_tail if agent is not None else None
-        self._spawn_task(self._invoke(c, rec, before, load))
-
-    async def _invoke(
-        self,
-        c: cmd.Invoke,
-        rec: ActionRecord,
-        before: asyncio.Future[None] | None,
-        load: asyncio.Future[None] | None,
-    ) -> None:
-        if before is not None:
-            await asyncio.shield(before)
-        failed = getattr(load, "failed", {}) if load is not None else {}
-        if failed.get("why"):
-            rec.outcome = Outcome(error=protocol.Error("INTERNAL", failed["why"], False))
-            self.post(ev.ActionFinished(c.action_id, ok=False, reason="load failed"))
-            return
-        agent = self.agents.get(c.node)
-        timeout_s = max(0.001, rec.deadline - self.clock.now())
-        msg = protocol.Invoke(
-            c.action_id,
-            c.service,
-            list(range(c.start, c.end)),
-            timeout_s,
-            1,
-            self.epoch,
-            agent.agent_epoch if agent else 0,
-        )
-        try:
-            env = await self.request(c.node, msg, [rec.payload])
-        except NodeLost:
-            return
-        out = rec.outcome = Outcome.of_reply(CallOutcome, env)
-        if out.error is not None:
-            self.post(ev.ActionFinished(c.action_id, ok=False, reason=out.error.code))
-            return
-        self.post(ev.ActionFinished(c.action_id, ok=True))
 
     # ------------------------------------------------------------ files
     async def file_request(

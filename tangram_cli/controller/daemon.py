@@ -196,7 +196,7 @@ class Controller:
             wait_p50=self.registry.wait_p50(),
             loop_lag_s=round(self.driver.loop_lag_s, 6),
             events=self.driver.handled,
-            decide=self.driver.decide.quantiles(),
+            decide={**self.driver.decide.quantiles(), "slowest": [list(x) for x in self.driver.slow]},
             now=self.clock.now(),
             services_conf=list(self.config.services),
         )

@@ -37,6 +37,8 @@ log = logging.getLogger("tangram.controller.driver")
 # may overtake queued submissions without reordering anything a client said.
 URGENT = (ev.ActionFinished, ev.NodeLost, ev.NodeJoined, ev.ServiceEvicted)
 
+SLOW_DECISION_S = 0.05  # a decision this long is logged, with its event type, and kept for status
+
 SLICE_S = 0.02  # the longest the driver handles queued events before it lets the loop run
 
 After = Callable[[list[Command] | None], None]  # None: the core raised (answer INTERNAL)
@@ -128,6 +130,9 @@ class Driver:
         self.loop_lag_s = 0.0  # longest single handle+dispatch, for status
         self.yields = 0  # times a long drain gave the loop back (SLICE_S)
         self.decide = LatencyWindow()  # core.handle times (s), for status p50/p99
+        self.slow: collections.deque[tuple[float, str, int]] = collections.deque(
+            maxlen=8
+        )  # (ms, event, commands)
 
     def _flush(self) -> None:
         try:
@@ -156,8 +161,14 @@ class Driver:
             if after is not None:
                 after(None)
             raise
-        self.decide.add(time.perf_counter() - started)
+        took = time.perf_counter() - started
+        self.decide.add(took)
         self.handled += 1
+        if took > SLOW_DECISION_S:
+            self.slow.append((round(took * 1e3, 1), type(event).__name__, len(commands)))
+            log.warning(
+                "slow decision: %.0f ms for %s (%d commands)", took * 1e3, type(event).__name__, len(commands)
+            )
         try:
             self.journal.append(now, event, commands)
         except Exception:

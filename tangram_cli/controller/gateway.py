@@ -21,10 +21,11 @@ Rules (docs/protocol.md, "Controller behaviour"):
    action) while `max_queued` actions are unfinished, gets `Error(RETRY_LATER, retryable)` at
    once; it is not submitted, and the refusal is cached like any final reply (a copy of that
    request id gets the same refusal; the client library resubmits under a new id, so refused
-   work never runs twice). Cancel, close and release are never refused. A final reply the ROUTER cannot send (HWM, EAGAIN, peer reconnecting) waits in the
-   client's bounded outbox and is retried on the client's next message or heartbeat; when the
-   outbox is full, the client's unfinished actions are cancelled (their errors, like every final
-   reply, stay in the reply cache for a resent request).
+   work never runs twice). Cancel, close and release are never refused. A final reply the
+   ROUTER cannot send (HWM, EAGAIN, peer reconnecting) waits in the client's bounded outbox
+   and is retried on the client's next message or heartbeat; when the outbox is full, the
+   client's unfinished actions are cancelled (their errors, like every final reply, stay in
+   the reply cache for a resent request).
 """
 
 from __future__ import annotations

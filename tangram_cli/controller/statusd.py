@@ -7,7 +7,8 @@
   `clients`, `sandboxes`, `queue` (waiting actions), `running`, `wait_p50_s` (median queueing
   delay of the last 1000 started actions, null before any), `loop_lag_s`, `events`
   (events handled), `decide` (`p50_ms`, `p99_ms`, `max_ms`, `n`: the core's decision time per event
-  over the last 4096 events), `counters` (core counters plus gateway/link counters).
+  over the last 4096 events; `slowest`: the last few decisions over 50 ms as [ms, event type,
+  commands]), `counters` (core counters plus gateway/link counters).
 - `nodes`: one row per node: `node`, `state` (sinfo words: idle | mix | alloc | down, `down*` when
   the agent stopped heartbeating),
   `agent_state` (up | lost | down), `heartbeat_age_s`, `reason`, `role` (cpu | gpu | cpu+gpu),
