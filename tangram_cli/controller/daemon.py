@@ -34,7 +34,7 @@ from tangram.core.scheduler import CoreConfig, Scheduler
 from tangram_cli.controller.agents import AgentLink, new_epoch
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.curve import ServerAuth
-from tangram_cli.controller.driver import Driver, WallClock, open_journal
+from tangram_cli.controller.driver import Collector, Driver, WallClock, open_journal
 from tangram_cli.controller.gateway import Gateway
 from tangram_cli.controller.state import Registry, cancel_tasks, check_bind, make_router
 from tangram_cli.controller.statusd import StatusServer, build_records
@@ -180,6 +180,9 @@ class Controller:
     # ------------------------------------------------------------ status
     def _records(self, sections: list[str], limit: int) -> dict[str, Any]:
         counters = {**self.gateway.counters, **self.agents.counters, "driver_yields": self.driver.yields}
+        if self.driver.collector is not None:
+            counters["gc_full"] = self.driver.collector.full
+            counters["gc_full_longest_ms"] = round(self.driver.collector.longest_s * 1e3)
         return build_records(
             self.core,
             sections=sections,
@@ -272,8 +275,12 @@ def write_ready(path: str, info: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-async def serve(config: ControllerConfig, options: Options, *, print_ready: bool = True) -> int:
+async def serve(
+    config: ControllerConfig, options: Options, *, print_ready: bool = True, own_process: bool = False
+) -> int:
     controller = Controller(config, options)
+    if own_process:  # the process is the controller's alone: move full GC off the hot path
+        controller.driver.collector = Collector(quiet=lambda: not controller.registry.actions)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -313,4 +320,4 @@ def run_controller(config: ControllerConfig, options: Options) -> int:
     logging.basicConfig(
         level=os.environ.get("TANGRAM_LOG", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return asyncio.run(serve(config, options))
+    return asyncio.run(serve(config, options, own_process=True))
