@@ -51,7 +51,7 @@ class Elasticity:
             return 1.0 / m  # no table: no speed-up
         if m <= pts[0][0]:
             return pts[0][1]
-        for (m0, e0), (m1, e1) in zip(pts, pts[1:]):
+        for (m0, e0), (m1, e1) in zip(pts, pts[1:], strict=False):
             if m <= m1:
                 # interpolate the speed-up m*E(m) linearly between the profiled points
                 s0, s1 = m0 * e0, m1 * e1

@@ -304,7 +304,7 @@ def _convex_curve(opt: Mapping[int, float]) -> Curve | None:
     if not all(map(isfinite, curve)):
         return None
     if 3 <= len(curve) <= 64:  # plain Python: the same float operations, without numpy's per-call cost
-        low = min(a - 2.0 * b + c for a, b, c in zip(curve, curve[1:], curve[2:]))
+        low = min(a - 2.0 * b + c for a, b, c in zip(curve, curve[1:], curve[2:], strict=False))
         if low < -CONVEX_RTOL * max(1.0, max(map(abs, curve))):
             return None
     elif len(curve) > 64:

@@ -216,7 +216,7 @@ def _start_group(ctx: PassContext, node: str, group: list[Waiting], behind: list
                  wants: dict[str, frozenset[tuple[str, int]]], out: list[cmd.Command]) -> None:
     gnode = ctx.gpu.nodes[node]
     sizes = _sizes(ctx, gnode, group, behind)
-    for w, size in zip(group, sizes):
+    for w, size in zip(group, sizes, strict=False):
         if size == 0:
             w.status = wait(message="held back: starting it now would raise the summed completion time")
             continue
