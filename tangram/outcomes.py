@@ -83,44 +83,40 @@ def _kinds(cls: type) -> type:
     return cls
 
 
+@dataclass(frozen=True)
+class _Attempt(_Outcome):
+    """What every action outcome carries: the run time the agent measured, the attempt's
+    identity (echoed by the agent for fencing, reliability §1.3), and the controller's timing."""
+
+    run_s: float = 0.0  # process or call start to end, measured by the agent
+    action: str = ""
+    attempt: int = 0
+    epoch: int = 0
+    agent_epoch: int = 0
+    node: str = ""
+    queued_s: float = 0.0  # added by the controller
+    overhead_s: float = 0.0  # added by the controller
+
+
 @_kinds
 @dataclass(frozen=True)
-class ExecOutcome(_Outcome):
+class ExecOutcome(_Attempt):
     """How one exec ended. The agent fills what it saw; the controller adds the rest."""
 
     exit_code: int = -1
     truncated: bool = False  # output capped at 16 MiB
     timed_out: bool = False  # killed by the node for running past its timeout
     killed: bool = False  # killed on the controller's order (cancel, timeout, client gone)
-    run_s: float = 0.0  # process start to exit, measured by the agent
     setup_s: float = 0.0  # cpuset and spawn before the process ran
     cores: tuple[int, ...] = ()
-    # the attempt's identity, echoed by the agent for fencing (reliability §1.3)
-    action: str = ""
-    attempt: int = 0
-    epoch: int = 0
-    agent_epoch: int = 0
-    node: str = ""
-    # added by the controller
-    queued_s: float = 0.0
-    overhead_s: float = 0.0
-    dop: int = 0
+    dop: int = 0  # added by the controller
 
 
 @_kinds
 @dataclass(frozen=True)
-class CallOutcome(_Outcome):
+class CallOutcome(_Attempt):
     """How one GPU call ended (its value travels as blob 0)."""
 
-    run_s: float = 0.0
     service: str = ""
-    action: str = ""
-    attempt: int = 0
-    epoch: int = 0
-    agent_epoch: int = 0
-    node: str = ""
-    # added by the controller
-    queued_s: float = 0.0
-    overhead_s: float = 0.0
-    gpus: tuple[int, ...] = ()
-    loaded: bool = False  # the service was restored onto the GPUs for this call
+    gpus: tuple[int, ...] = ()  # added by the controller
+    loaded: bool = False  # added by the controller: the service was restored onto the GPUs for this call

@@ -36,6 +36,7 @@ from tangram_cli.bench_procs import (
     Procs,
     bench_workdir,
     controller_figures,
+    logs_and_json,
     pct,
     run_clients,
     start_real_agent,
@@ -424,13 +425,7 @@ def _fmt(v: float | None) -> str:
     show_default=True,
     help="Seconds the burst may take; each exec's timeout too.",
 )
-@click.option(
-    "--logs",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Keep every process's log and the status timeline (status.jsonl) in this directory.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@logs_and_json
 def burst(
     clients: int,
     actions: int,

@@ -25,6 +25,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+
+def logs_and_json(fn: Any) -> Any:
+    """The `--logs DIR` and `--json` options that `bench burst` and `bench scale` share."""
+    import click
+
+    fn = click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")(fn)
+    return click.option(
+        "--logs",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Keep every process's log and the status timeline (status.jsonl) in this directory.",
+    )(fn)
+
+
 CONTROLLER_ARGV = [sys.executable, "-c", "from tangram_cli.main import cli; cli()", "controller"]
 
 

@@ -38,6 +38,7 @@ from tangram_cli.bench_procs import (
     Procs,
     bench_workdir,
     controller_figures,
+    logs_and_json,
     pct,
     run_clients,
     wait_nodes,
@@ -405,13 +406,7 @@ def _print(doc: dict[str, Any]) -> None:
     show_default=True,
     help="Seconds the trajectories may take; unfinished ones are reported.",
 )
-@click.option(
-    "--logs",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Keep every process's log and the status timeline (status.jsonl) in this directory.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@logs_and_json
 def scale(
     agents: int,
     cores: int,
