@@ -4,8 +4,8 @@
 thousand actions a second that bookkeeping costs more than the messages. ``Wire`` instead keeps a plain
 (synchronous) socket:
 
-- one loop reader on the socket's descriptor; each wake-up drains up to ``batch`` ready messages and hands
-  each to ``handle(frames)`` synchronously, then comes back on the next loop iteration if more wait;
+- one loop reader on the socket's descriptor (``tangram.sockio.SocketReader``, shared with the controller and
+  the client); each wake-up drains up to ``batch`` ready messages and hands each to ``handle(frames)``;
 - sends are ``NOBLOCK``: they queue at once or fail at once (``IMMEDIATE`` while cut off, or a full pipe),
   and the caller decides (the agent's outbox); small messages are copied, which is cheaper than
   zero-copy for them; only large blobs go without a copy.
@@ -17,59 +17,28 @@ iteration), and every drain ends by checking ``EVENTS`` again.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-log = logging.getLogger("agent")
+from tangram.sockio import SocketReader
 
 ZERO_COPY_MIN = 1 << 16  # pyzmq: copying is cheaper than a zero-copy frame below about 64 KiB
 # Plain ints: pyzmq's flags are IntFlag enums, and enum arithmetic costs microseconds per frame.
-_NOBLOCK, _SNDMORE, _RCVMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.RCVMORE)
+_NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
 
 
 class Wire:
     def __init__(self, sock: zmq.Socket, handle: Callable[[list[bytes]], None], batch: int = 256) -> None:
         self.sock = sock
-        self.handle = handle
-        self.batch = batch
-        self.loop = asyncio.get_running_loop()
-        self._poked = False
+        self._reader = SocketReader(sock, handle, batch=batch)  # tangram.sockio: one loop reader
         self._closed = False
-        self._fd = sock.FD
-        self.loop.add_reader(self._fd, self.poke)
-        self.poke()  # messages that arrived before the reader existed raise no new edge
 
     def poke(self) -> None:
         """Check the socket on the next loop iteration (at most one check pending)."""
-        if not self._poked and not self._closed:
-            self._poked = True
-            self.loop.call_soon(self._drain)
-
-    def _drain(self) -> None:
-        self._poked = False
-        sock = self.sock
-        for _ in range(self.batch):
-            if self._closed:
-                return
-            try:
-                frames = [sock.recv(_NOBLOCK)]
-                while sock.getsockopt(_RCVMORE):  # the rest of a message is there once its first part is
-                    frames.append(sock.recv(_NOBLOCK))
-            except zmq.Again:
-                return
-            except zmq.ZMQError as exc:
-                if exc.errno in (zmq.ENOTSOCK, zmq.ETERM):
-                    return
-                raise
-            try:
-                self.handle(frames)
-            except Exception:  # noqa: BLE001 - one bad message never stops the socket
-                log.exception("handling a message failed")
-        self.poke()  # more may be waiting: come back after the loop ran its other callbacks
+        self._reader.poke()
 
     def send(self, frames: list[bytes]) -> None:
         """Queue ``frames`` now; raises ``zmq.Again`` when they cannot go (cut off, or the pipe is full)."""
@@ -96,7 +65,7 @@ class Wire:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.loop.remove_reader(self._fd)
+            self._reader.close()
             self.sock.close(linger=0)
 
 

@@ -37,6 +37,7 @@ import zmq.asyncio
 from tangram import protocol
 from tangram.certs import CurveKeys
 from tangram.errors import ControllerUnreachable, NodeLost, ProtocolError, TangramError
+from tangram.sockio import SocketReader, shadow
 
 log = logging.getLogger("tangram.client")
 
@@ -75,7 +76,7 @@ class Transport:
         self._sync: zmq.Socket | None = None  # the socket's synchronous shadow: sends and receives
         self._monitor: zmq.asyncio.Socket | None = None  # disconnect events: resend after a lost link
         self._disconnected = False  # a disconnect was seen since the last Welcome
-        self._poked = False
+        self._reader: SocketReader | None = None  # drains replies on the loop (tangram.sockio)
         self.resent = 0  # requests sent again after a lost link or a new controller
         self.stray_replies = 0  # final replies for no pending request (a duplicate, or after a cancel)
         self._pending: dict[int, Pending] = {}
@@ -109,7 +110,7 @@ class Transport:
             sock.close(0)
             raise ControllerUnreachable(f"bad controller address {self.addr!r}: {exc}") from None
         self._sock = sock
-        self._sync = getattr(sock, "_shadow_sock", sock)
+        self._sync = shadow(sock)
         self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._task = asyncio.ensure_future(self._own())
         self._welcome = asyncio.get_running_loop().create_future()
@@ -222,47 +223,30 @@ class Transport:
     def _poke(self) -> None:
         """Service the socket on the next loop iteration (its descriptor is edge-triggered: a send
         may consume the signal of a message that arrived meanwhile)."""
-        if not self._poked and not self._closed:
-            self._poked = True
-            asyncio.get_running_loop().call_soon(self._service)
+        if self._reader is not None:
+            self._reader.poke()
 
-    def _service(self) -> None:
-        self._poked = False
-        sync = self._sync
-        if sync is None or self._closed:
-            return
-        while self._out:
+    def _flush_out(self) -> None:
+        """Hand libzmq what it could not take before (run at the start of every drain)."""
+        while self._out and self._sync is not None:
             try:
-                sync.send_multipart(self._out[0], zmq.NOBLOCK)
-            except zmq.Again:
-                break
+                self._sync.send_multipart(self._out[0], zmq.NOBLOCK)
             except zmq.ZMQError:
                 return
             self._out.popleft()
-        for _ in range(256):
-            try:
-                frames = sync.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except zmq.ZMQError:
-                return
-            self._on_frames(frames)
-        self._poke()  # more to read: after the loop ran the callbacks this batch resolved
 
     async def _own(self) -> None:
-        """Reader on the socket's descriptor, heartbeats and disconnect events, until closed."""
+        """The socket's reader, heartbeats and disconnect events, until closed."""
         assert self._sync is not None
-        loop = asyncio.get_running_loop()
-        fd = self._sync.FD
-        loop.add_reader(fd, self._poke)
-        self._poke()
+        # looked up per message, not bound once: `tangram bench burst` wraps `_on_frames` to count finals
+        self._reader = SocketReader(self._sync, lambda f: self._on_frames(f), before=self._flush_out)
         try:
             while True:
                 await self._watch(self.heartbeat_s / 2)
                 self._tick()
                 self._poke()
         finally:
-            loop.remove_reader(fd)
+            self._reader.close()
 
     async def _watch(self, seconds: float) -> None:
         """Wait `seconds`, noting libzmq's disconnect events (a request sent before a lost link may

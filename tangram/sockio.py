@@ -1,0 +1,102 @@
+"""Reading a ZeroMQ socket from an asyncio loop without a future per message.
+
+`zmq.asyncio` makes a future (and often a loop callback) for every receive and send; at
+thousands of messages a second that bookkeeping costs more than the messages. The controller's
+ROUTERs, the client's DEALER and the agent's DEALER therefore all read through one
+`SocketReader`: one loop reader on the socket's file descriptor; each wake-up drains up to
+`batch` ready messages and hands each to `handle(frames)` synchronously, then comes back on the
+next loop iteration if more may wait, so one busy socket cannot starve the loop. Sends go
+straight to the synchronous socket with `NOBLOCK` (each user decides what a refused send means)
+and then call `poke()`.
+
+ZeroMQ's descriptor is edge-triggered: it signals when the socket's event state changes, and
+any send or receive may consume that signal. So every send must `poke()` (at most one check is
+pending per loop iteration), and every drain that stopped early checks again.
+
+Depends only on pyzmq: the client library and the agent bundle carry it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+log = logging.getLogger("tangram.sockio")
+
+__all__ = ["SocketReader", "shadow"]
+
+
+def shadow(sock: Any) -> zmq.Socket:
+    """The synchronous socket behind a `zmq.asyncio` socket (the socket itself if it is sync)."""
+    inner = getattr(sock, "_shadow_sock", None)
+    return inner if inner is not None else sock
+
+
+class SocketReader:
+    """Serves `sock` on the running loop until `close()` (see the module doc).
+
+    `copy=False` hands `zmq.Frame`s to `handle` (CURVE's `User-Id` is read from them);
+    `before`, if given, runs at the start of every drain (the client flushes the sends that
+    libzmq could not take yet)."""
+
+    def __init__(
+        self,
+        sock: Any,
+        handle: Callable[[list[Any]], None],
+        *,
+        copy: bool = True,
+        batch: int = 256,
+        before: Callable[[], None] | None = None,
+    ) -> None:
+        self.sync = shadow(sock)
+        self.handle = handle
+        self.copy = copy
+        self.batch = batch
+        self.before = before
+        self.loop = asyncio.get_running_loop()
+        self.received = 0
+        self._poked = False
+        self._closed = False
+        self._fd = self.sync.FD
+        self.loop.add_reader(self._fd, self.poke)
+        self.poke()  # messages that arrived before the reader existed raise no new edge
+
+    def poke(self) -> None:
+        """Check the socket on the next loop iteration (at most one check pending)."""
+        if not self._poked and not self._closed:
+            self._poked = True
+            self.loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._poked = False
+        if self._closed:
+            return
+        if self.before is not None:
+            self.before()
+        sync, handle, copy = self.sync, self.handle, self.copy
+        for _ in range(self.batch):
+            if self._closed:
+                return
+            try:
+                frames = sync.recv_multipart(zmq.NOBLOCK, copy=copy)
+            except zmq.Again:
+                return
+            except zmq.ZMQError as exc:  # closed under us (ENOTSOCK, ETERM), or broken: stop reading
+                if exc.errno not in (zmq.ENOTSOCK, zmq.ETERM):
+                    log.error("receive failed: %s", exc)
+                return
+            self.received += 1
+            try:
+                handle(frames)
+            except Exception:  # one bad message never stops the socket
+                log.exception("handling a message failed")
+        self.poke()  # more may be waiting: come back after the loop ran its other callbacks
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.loop.remove_reader(self._fd)
