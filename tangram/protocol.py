@@ -871,7 +871,7 @@ def _header(frames: list[bytes]) -> tuple[type[Message], int]:
 def _unpack(cls: type[Message], body: bytes) -> dict[str, object]:
     try:
         value = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True, **_UNPACK_LIMITS)
-    except Exception as exc:
+    except Exception as exc:  # msgpack raises ValueError, UnicodeDecodeError, ExtraData, StackError...
         raise ProtocolError(ProtocolErrorKind.DECODE, f"{cls.__name__} body: {type(exc).__name__}") from None
     if not isinstance(value, dict):
         raise _fail(cls.__name__, f"body must be a map, got {type(value).__name__}")

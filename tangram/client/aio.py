@@ -62,9 +62,10 @@ OutcomeT = TypeVar("OutcomeT", ExecOutcome, CallOutcome)
 GRACE_S = 5.0  # how much longer than the budget the client waits for the controller's answer
 RETRY_BASE_S = 0.05  # RetryLater backoff: the first delay, doubled per try up to RETRY_MAX_S, jittered
 RETRY_MAX_S = 2.0
-# Requests that start new work: a RetryLater refusal did not record their id, so sending again is safe.
-_timeout = getattr(asyncio, "timeout", None)
+_timeout = getattr(asyncio, "timeout", None)  # 3.11+
 
+# Requests that start new work: after a RetryLater refusal they are sent again under a new
+# request id (the refusal is cached under the old one), so nothing runs twice.
 _NEW_WORK = (protocol.Exec, protocol.Call, protocol.Lease, protocol.SandboxOpen)
 # Requests the controller counts against its per-client cap (gateway `_CAPPED`).
 _CAPPED = (*_NEW_WORK, protocol.Put, protocol.Get)

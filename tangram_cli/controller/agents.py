@@ -36,8 +36,8 @@ from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.errors import NodeLost, ProtocolError, SandboxLost
 from tangram.outcomes import ExecOutcome
-from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.agent_gpu import GpuCommands
+from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.state import ActionRecord, Outcome, Registry, encode_to
 from tangram_cli.controller.wire import send_now, serve, shadow
 
@@ -437,9 +437,9 @@ class AgentLink(GpuCommands):
     async def _spawn_when_ready(self, c: cmd.Spawn, rec: ActionRecord, ready: asyncio.Future[None]) -> None:
         try:
             await asyncio.shield(ready)
-        except (SandboxLost, NodeLost) as exc:
-            if isinstance(exc, NodeLost):
-                return  # the core already failed the action (NodeLost event)
+        except NodeLost:
+            return  # the core already failed the action (NodeLost event)
+        except SandboxLost as exc:
             rec.outcome = Outcome(error=protocol.Error.from_exception(exc))
             self.post(ev.ActionFinished(c.action_id, ok=False, reason="sandbox lost"))
             return

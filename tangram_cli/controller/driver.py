@@ -128,8 +128,8 @@ class Collector:
     installs this: objects alive at start are frozen out of collection, automatic collection
     keeps only the young generations, and the driver asks for a full collection when it is idle
     and no action is unfinished (at most every `idle_every_s`), or anyway once `max_every_s`
-    passed without one, so cycles that reach the old generation are still freed. Process-wide, so never used in-process
-    (tests, benches that embed a controller)."""
+    passed without one, so cycles that reach the old generation are still freed. Process-wide,
+    so never used in-process (tests, benches that embed a controller)."""
 
     def __init__(
         self, quiet: Callable[[], bool], idle_every_s: float = 30.0, max_every_s: float = 300.0
@@ -169,9 +169,8 @@ class Driver:
         self.yields = 0  # times a long drain gave the loop back (SLICE_S)
         self.decide = LatencyWindow()  # core.handle times (s), for status p50/p99
         self.collector: Collector | None = None  # set by the process entry (run_controller)
-        self.slow: collections.deque[tuple[float, str, int]] = collections.deque(
-            maxlen=8
-        )  # (ms, event, commands)
+        # the last decisions over SLOW_DECISION_S, as (ms, event type, commands), for status
+        self.slow: collections.deque[tuple[float, str, int]] = collections.deque(maxlen=8)
 
     def _flush(self) -> None:
         try:
