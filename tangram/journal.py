@@ -78,8 +78,10 @@ class Journal:
         self._write(dumps({"journal": "tangram", "version": VERSION, **encode(meta)}))
 
     @classmethod
-    def to_path(cls, path: str | Path, **meta: Any) -> Journal:
-        return cls(open(path, "w", encoding="ascii", newline="\n"), **meta)
+    def to_path(cls, path: str | Path, *, append: bool = False, **meta: Any) -> Journal:
+        """A journal written to ``path``; ``append`` keeps what is there (a live controller:
+        each start adds a header line and its records after the previous run's)."""
+        return cls(open(path, "a" if append else "w", encoding="ascii", newline="\n"), **meta)
 
     def _write(self, line: str) -> None:
         if self.stream is None:
@@ -105,7 +107,8 @@ class Journal:
 
 
 def read(source: str | Path | Iterable[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(header, records) from a path or from lines."""
+    """(header, records) from a path or from lines; of the last run when a restarted
+    controller appended several (a header line each)."""
     if isinstance(source, (str, Path)):
         with open(source, encoding="ascii") as f:
             lines = [line for line in f.read().splitlines() if line]
@@ -116,7 +119,11 @@ def read(source: str | Path | Iterable[str]) -> tuple[dict[str, Any], list[dict[
     header = json.loads(lines[0])
     if header.get("journal") != "tangram":
         raise ValueError('not a tangram journal: the first line has no "journal": "tangram"')
-    return header, [json.loads(line) for line in lines[1:]]
+    docs = [json.loads(line) for line in lines[1:]]
+    last = max((i for i, d in enumerate(docs) if d.get("journal") == "tangram"), default=-1)
+    if last >= 0:  # a live controller's file holds one run per start: the last one
+        header, docs = docs[last], docs[last + 1 :]
+    return header, docs
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 1
+PROTOCOL_MINOR = 2
 TAG = b"TGR%d" % PROTOCOL_MAJOR
 _TAG_PREFIX = b"TGR"
 
@@ -446,6 +446,7 @@ class Welcome(Message):
     agent_epoch: Count = 0
     heartbeat_s: Annotated[float, Range(0.01, 3600)] = 1.0
     max_outstanding: Count = 0  # 1.1: the per-client cap on unanswered requests (0: not said)
+    durable: bool = False  # 1.2: the controller keeps a state file: resends after a restart are safe
 
 
 @_register(0x03, "REJECT")

@@ -21,7 +21,8 @@ Rules:
    `RetryLater` (the controller's submission caps; the request was neither run nor recorded) is
    retried here with jittered exponential backoff (50 ms doubling to 2 s) until the timeout
    (or `retry_later_s` without one) for idempotent requests and for every request that starts
-   new work (exec, call, lease, sandbox open); otherwise it is raised.
+   new work (exec, call, lease, sandbox open); otherwise it is raised. `NodeLost` (the node,
+   or a restarted controller, lost a running action) is retried once for idempotent requests.
 4. Leaving a `sandbox()` or `api()` context closes it, idempotently, even on errors.
 """
 
@@ -49,6 +50,7 @@ from tangram.errors import (
     ClusterNotFound,
     ControllerUnreachable,
     InternalError,
+    NodeLost,
     NonZeroExit,
     ProtocolError,
     RetryLater,
@@ -171,6 +173,7 @@ class AsyncClient:
         self.default_timeout = default_timeout
         self.retry_later_s = retry_later_s  # how long RetryLater is retried for a request without a timeout
         self.retried_later = 0  # RetryLater refusals retried (all requests together)
+        self.retried_lost = 0  # idempotent requests run again after NODE_LOST
         # CURVE keys: `certs`, else $TANGRAM_CERTS, else the recorded cluster of `addr`, else plain TCP.
         curve = client_keys(addr, certs)
         self._transport = Transport(
@@ -246,10 +249,19 @@ class AsyncClient:
         start = time.monotonic()
         window = timeout if timeout is not None else self.retry_later_s
         tries = 0
+        lost_once = False
         while True:
             left = None if timeout is None else max(0.001, timeout - (time.monotonic() - start))
             try:
                 return await self._once(msg, blobs, left, idempotent, cancellable)
+            except NodeLost:
+                # the node or the controller that ran it went away; an idempotent request is safe
+                # to run again, once (docs/recovery.md)
+                if not idempotent or lost_once:
+                    raise
+                lost_once = True
+                self.retried_lost += 1
+                continue
             except RetryLater:
                 cap = min(RETRY_MAX_S, RETRY_BASE_S * (2**tries))
                 delay = cap / 2 + random.uniform(0, cap / 2)

@@ -14,8 +14,8 @@
   may have lost them: libzmq reported a disconnect since the last Welcome, or the controller
   restarted (another `controller_epoch`). A slow controller on an unbroken link has every
   request already (TCP), so nothing is resent. The controller's reply cache makes a resend
-  safe (it joins its action or replays its result). After a restart, pending requests that
-  are not idempotent fail with `NodeLost` instead of being run a second time.
+  safe (it joins its action or replays its result); a restarted controller replays the same
+  from its state file, and answers NODE_LOST for what was running when it died.
 - Depends only on pyzmq, msgpack and tangram.protocol / tangram.errors.
 """
 
@@ -78,6 +78,7 @@ class Transport:
         self._disconnected = False  # a disconnect was seen since the last Welcome
         self._reader: SocketReader | None = None  # drains replies on the loop (tangram.sockio)
         self.resent = 0  # requests sent again after a lost link or a new controller
+        self.restarts = 0  # new controller epochs seen after the first Welcome
         self.stray_replies = 0  # final replies for no pending request (a duplicate, or after a cancel)
         self._pending: dict[int, Pending] = {}
         self._rid = int.from_bytes(secrets.token_bytes(4), "big") << 16  # distinct per transport
@@ -320,16 +321,23 @@ class Transport:
         lost, self._disconnected = self._disconnected, False
         if not restarted and not lost:
             return  # the same controller over an unbroken link: it has every request (TCP), none resent
+        if restarted:
+            self.restarts += 1
+            log.warning("controller %s restarted (epoch %d): resending %d pending requests",
+                        self.addr, msg.controller_epoch, len(self._pending))
         for rid, p in list(self._pending.items()):
-            if restarted and not p.idempotent:
+            # With its original id: a restarted controller that kept its state (``--state``,
+            # Welcome.durable) answers a request that ran with its recorded reply, or NODE_LOST
+            # when it was still running, and submits one that had only been queued: nothing runs
+            # twice. A controller without state cannot tell: only idempotent requests go again.
+            if restarted and not msg.durable and not p.idempotent:
                 self._pending.pop(rid, None)
                 if not p.final.done():
                     p.final.set_exception(
-                        NodeLost(
-                            "the controller restarted; the request's outcome is unknown and it was not resent"
-                        )
+                        NodeLost("the controller restarted without its state; the request's outcome is unknown "
+                                 "and it was not resent")
                     )
-                    continue
+                continue
             self.resent += 1
             self._send(p.frames)
 

@@ -71,6 +71,16 @@ class SandboxClosed:
 
 
 @dataclass(frozen=True)
+class SandboxAdopted:
+    """An open sandbox that has no node yet already exists on ``node`` (a controller that
+    restarted learns it from the node's agent): bind it there, as its first placed action
+    would, but create nothing."""
+
+    sandbox: str
+    node: str
+
+
+@dataclass(frozen=True)
 class ActionSubmitted:
     spec: ActionSpec
 
@@ -118,6 +128,7 @@ Event = (
     | ApiDefined
     | SandboxOpened
     | SandboxClosed
+    | SandboxAdopted
     | ActionSubmitted
     | ActionFinished
     | ActionCancelled

@@ -191,6 +191,15 @@ class Scheduler:
             )
             self._submit(spec, out)
 
+    def _on_sandbox_adopted(self, e: ev.SandboxAdopted, out: list[cmd.Command]) -> None:
+        sb = self.sandboxes.get(e.sandbox)
+        if sb is None or sb.lost or sb.node is not None or e.node not in self.cpu.nodes:
+            return
+        sb.node = e.node
+        self.cpu.bind(e.sandbox, e.node, sb.mem_mib)
+        self.pending.bind(e.sandbox, e.node)
+        self._dirty.update(self.queues)
+
     def _on_sandbox_closed(self, e: ev.SandboxClosed, out: list[cmd.Command]) -> None:
         sb = self.sandboxes.pop(e.sandbox, None)
         if sb is None:
@@ -583,6 +592,7 @@ _HANDLERS = {
     ev.ApiDefined: Scheduler._on_api,
     ev.SandboxOpened: Scheduler._on_sandbox_opened,
     ev.SandboxClosed: Scheduler._on_sandbox_closed,
+    ev.SandboxAdopted: Scheduler._on_sandbox_adopted,
     ev.ActionSubmitted: Scheduler._on_submitted,
     ev.ActionFinished: Scheduler._on_finished,
     ev.ActionCancelled: Scheduler._on_cancelled,

@@ -37,6 +37,13 @@ import click
     "--journal", type=click.Path(dir_okay=False), default=None, help="Append every event and command here."
 )
 @click.option(
+    "--state",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Durable state file (sandboxes, dispatched actions, recent results), replayed at start "
+    "so a restarted controller keeps its clients' work; see docs/recovery.md.",
+)
+@click.option(
     "--config",
     "config_path",
     type=click.Path(dir_okay=False, exists=True),
@@ -84,6 +91,7 @@ def command(
     submit_port: int,
     status_port: int,
     journal: str | None,
+    state: str | None,
     config_path: str | None,
     ready_file: str | None,
     client_grace: float | None,
@@ -130,6 +138,7 @@ def command(
         submit_port=submit_port,
         status_port=status_port,
         journal=journal,
+        state=state,
         ready_file=ready_file,
         certs=certs,
     )

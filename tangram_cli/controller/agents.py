@@ -135,11 +135,14 @@ class AgentLink(GpuCommands):
             "rejected_hellos": 0,
             "impostor_frames": 0,
             "agents_lost": 0,  # agents declared lost or gone (silence, restart, bye)
-            "liveness_deferred": 0,  # liveness rounds that judged nobody: unread messages or a late wake-up
+            "liveness_deferred": 0,
+            "killed_on_hello": 0,  # actions an agent still ran when it said Hello, stopped  # liveness rounds that judged nobody: unread messages or a late wake-up
         }
         # CURVE: (routing identity, User-Id) -> whether that key belongs to that node; None: plain TCP
         self.peer_check: Callable[[bytes, str], bool] | None = None
         self._impostors_logged: set[tuple[bytes, str]] = set()
+        # (node, the sandboxes its Hello lists): adoption after a controller restart (recovery.py)
+        self.on_hello: Callable[[str, set[str]], None] | None = None
 
     # ------------------------------------------------------------ plumbing
     def _next_rid(self) -> int:
@@ -325,6 +328,12 @@ class AgentLink(GpuCommands):
             joined.gpus,
         )
         self.post(joined)
+        if self.on_hello is not None:
+            self.on_hello(hello.name, set(hello.sandboxes))
+        for action in hello.actions:  # whatever ran before this Hello is no one's now: stop it
+            if isinstance(aid := action.get("action"), str) and aid:
+                self.counters["killed_on_hello"] += 1
+                self.send_request(hello.name, protocol.Kill(aid, 0, self.epoch), (), _ignore)
         for sandbox in hello.sandboxes:
             rec = self.registry.sandboxes.get(sandbox)
             if rec is None or rec.closed or rec.lost or rec.node != hello.name:

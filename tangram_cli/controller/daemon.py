@@ -36,6 +36,8 @@ from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.curve import ServerAuth
 from tangram_cli.controller.driver import Collector, Driver, WallClock, open_journal
 from tangram_cli.controller.gateway import Gateway
+from tangram_cli.controller.ledger import Ledger
+from tangram_cli.controller.recovery import Recovery
 from tangram_cli.controller.state import Registry, cancel_tasks, check_bind, make_router
 from tangram_cli.controller.statusd import StatusServer, build_records
 
@@ -49,6 +51,7 @@ class Options:
     submit_port: int = 0
     status_port: int = 0
     journal: str | None = None
+    state: str | None = None  # the durable state file (ledger.py); None: nothing survives a restart
     ready_file: str | None = None
     seed: int = 0
     certs: str | None = None  # CURVE certs directory (tangram_cli/keys.py); None: plain TCP, loopback only
@@ -64,7 +67,7 @@ class Controller:
         self.registry = Registry(self.clock)  # the controller's one clock, shared by every part
         self.core = Scheduler(CoreConfig(depth=self.config.depth), seed=self.options.seed)
         self.started = self.clock.now()
-        self.journal = open_journal(self.options.journal, self.config.cluster)
+        self.journal = open_journal(self.options.journal, self.config.cluster, self.epoch)
         self.driver = Driver(self.core, self.clock, self.journal, self.dispatch)
         self.ctx = zmq.asyncio.Context()
         o = self.options
@@ -89,6 +92,11 @@ class Controller:
             self.submit_sock, self.driver.post, self.registry, self.agents, self.config, self.epoch
         )
         self.status = StatusServer(self.status_sock, self._records)
+        self.gateway.ledger = Ledger(self.options.state, self.epoch)
+        self.recovery = Recovery(
+            self.gateway.ledger, self.registry, self.gateway, self.driver.post, restore_grace(self.config)
+        )
+        self.agents.on_hello = self.recovery.on_hello
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopped = asyncio.Event()
         self.down_requested = False
@@ -98,6 +106,7 @@ class Controller:
             )
         for api in self.config.apis:
             self.driver.step(ev.ApiDefined(api.name, api.mode, api.limit, api.period_s))
+        self.recovery.restore(self.driver.step)
 
     # ------------------------------------------------------------ addresses
     def _host(self) -> str:
@@ -132,6 +141,7 @@ class Controller:
 
     # ------------------------------------------------------------ dispatch (driver task only)
     def dispatch(self, event: ev.Event, commands: list[cmd.Command]) -> None:
+        self.recovery.record(event, commands)  # durable before anything is sent
         loads: dict[tuple[str, str, int], asyncio.Future[None]] = {}
         dones: list[cmd.Done] = []
         now = self.clock.now()
@@ -179,7 +189,13 @@ class Controller:
 
     # ------------------------------------------------------------ status
     def _records(self, sections: list[str], limit: int) -> dict[str, Any]:
-        counters = {**self.gateway.counters, **self.agents.counters, "driver_yields": self.driver.yields}
+        counters = {
+            **self.gateway.counters,
+            **self.agents.counters,
+            **self.recovery.counters,
+            "driver_yields": self.driver.yields,
+            "state_lines": self.gateway.ledger.written,
+        }
         if self.driver.collector is not None:
             counters["gc_full"] = self.driver.collector.full
             counters["gc_full_longest_ms"] = round(self.driver.collector.longest_s * 1e3)
@@ -221,10 +237,19 @@ class Controller:
             self.gateway.run(),
             self.gateway.liveness(),
             self.status.run(),
+            self._housekeeping(),
         ):
             task = asyncio.ensure_future(coro)
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
+
+    async def _housekeeping(self) -> None:
+        """Once a second: fsync the state file if it changed; lose restored sandboxes no agent
+        adopted within the grace."""
+        while True:
+            await asyncio.sleep(0.5)
+            self.gateway.ledger.sync()
+            self.recovery.expire()
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         if task.cancelled():
@@ -253,6 +278,7 @@ class Controller:
             self.curve.stop()  # closes the ZAP socket, else term() waits for it
         self.ctx.term()
         self.journal.close()
+        self.gateway.ledger.close()
 
     async def __aenter__(self) -> Controller:
         self.start()
@@ -265,6 +291,12 @@ class Controller:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def restore_grace(config: ControllerConfig) -> float:
+    """How long restored sandboxes wait for their agents: a few heartbeats plus an agent's
+    reconnect backoff."""
+    return max(10.0, 6 * config.heartbeat_s)
 
 
 def write_ready(path: str, info: dict[str, Any]) -> None:

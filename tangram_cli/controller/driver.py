@@ -60,7 +60,7 @@ class LiveJournal:
     cost more than the decision it records."""
 
     def __init__(self, path: str, **meta: Any) -> None:
-        self._journal = SharedJournal.to_path(path, **meta)
+        self._journal = SharedJournal.to_path(path, append=True, **meta)
 
     def append(self, t: float, event: ev.Event, commands: list[Command]) -> None:
         self._journal.append(t, event, commands)
@@ -84,10 +84,12 @@ class NullJournal:
         pass
 
 
-def open_journal(path: str | None, cluster: str) -> Journal:
+def open_journal(path: str | None, cluster: str, epoch: int = 0) -> Journal:
+    """The decision journal; a restarted controller appends after its predecessor (a header
+    line per epoch). `tangram.journal.read` reads one run: split the file at header lines."""
     if not path:
         return NullJournal()
-    return LiveJournal(path, driver="controller", cluster=cluster, clock="wall")
+    return LiveJournal(path, driver="controller", cluster=cluster, clock="wall", epoch=epoch)
 
 
 class LatencyWindow:

@@ -51,6 +51,7 @@ from tangram.errors import BadRequest, InternalError, NodeLost, ProtocolError, S
 from tangram.outcomes import CallOutcome, ExecOutcome
 from tangram_cli.controller.agents import AgentLink
 from tangram_cli.controller.config import ControllerConfig
+from tangram_cli.controller.ledger import Ledger
 from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord, encode_to
 from tangram_cli.controller.wire import send_now, serve, shadow
 
@@ -100,6 +101,7 @@ class Gateway:
         self.config = config
         self.epoch = controller_epoch
         self.clients: dict[bytes, ClientState] = {}
+        self.ledger = Ledger(None, controller_epoch)  # the controller's, when it keeps state
         self.cache: OrderedDict[tuple[bytes, int], CacheEntry] = OrderedDict()
         self._seq = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -169,6 +171,7 @@ class Gateway:
             self._uncount(ident)
         entry.final = frames
         entry.expires = self.clock.now() + CACHE_TTL_S
+        self.ledger.answered(ident, rid, entry.kind, frames)  # on disk before the client can see it
         self._deliver(ident, [ident, *frames])
 
     # ------------------------------------------------------------ backpressure
@@ -325,6 +328,7 @@ class Gateway:
                     0,
                     self.config.heartbeat_s,
                     self.config.max_outstanding_per_client,
+                    self.ledger.enabled,
                 ),
                 rid,
             )
@@ -348,6 +352,14 @@ class Gateway:
                     if rec is not None and rec.granted:
                         self._send_accepted(ident, rid)
             return
+        sandbox = getattr(msg, "sandbox", "")
+        if sandbox and (sb := self.registry.sandboxes.get(sandbox)) is not None and sb.restoring:
+            sb.deferred.append((ident, rid, msg, env.blobs))  # until its node's agent is back
+            return
+        self._handle(client, rid, msg, env.blobs)
+
+    def _handle(self, client: ClientState, rid: int, msg: protocol.Message, blobs: tuple[bytes, ...]) -> None:
+        ident = client.ident
         client.requests += 1
         handler = _HANDLERS.get(type(msg))
         if handler is None:
@@ -361,10 +373,41 @@ class Gateway:
         if type(msg) in _CAPPED and self._refuse(client, rid, msg):
             return
         try:
-            handler(self, client, rid, msg, env.blobs)
+            handler(self, client, rid, msg, blobs)
         except TangramError as exc:
             self.counters["bad_requests"] += 1
             self.fail(ident, rid, exc)
+
+    # ------------------------------------------------------------ after a controller restart
+    def restore_final(self, key: tuple[bytes, int], kind: str, frames: list[bytes], expires: float) -> None:
+        """A final reply from the ledger: a resent request gets it again."""
+        self.cache[key] = CacheEntry(kind, final=frames, expires=expires)
+
+    def restore_client(self, ident: bytes) -> None:
+        """A restored sandbox's owner: known, so its silence ends in ClientGone like anyone's."""
+        if ident not in self.clients:
+            now = self.clock.now()
+            self.clients[ident] = ClientState(ident, ident.hex(), last_seen=now, connected=now)
+
+    def resume(self, sandbox: str) -> None:
+        """Handle the requests held while ``sandbox`` waited for its node (adopted or lost now)."""
+        rec = self.registry.sandboxes.get(sandbox)
+        if rec is None:
+            return
+        held, rec.deferred = rec.deferred, []
+        for ident, rid, msg, blobs in held:
+            client = self.clients.get(ident)
+            if client is None:
+                self.restore_client(ident)
+                client = self.clients[ident]
+            entry = self.cache.get((ident, rid))
+            if entry is not None:  # a copy was handled already
+                continue
+            try:
+                self._handle(client, rid, msg, blobs)
+            except Exception as exc:
+                log.exception("held request failed")
+                self.fail(ident, rid, InternalError(f"controller error ({type(exc).__name__})"))
 
     # ------------------------------------------------------------ requests
     def _budget(self, budget_ms: int) -> float:

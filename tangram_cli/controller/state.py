@@ -90,6 +90,8 @@ class SandboxRecord:
     closed: bool = False
     lost: bool = False
     busy: int = 0  # actions running in it now
+    restoring: bool = False  # restored after a controller restart, waiting for its node's agent
+    deferred: list[tuple[bytes, int, Any, tuple[bytes, ...]]] = field(default_factory=list)  # held requests
 
 
 class Registry:

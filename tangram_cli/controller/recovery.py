@@ -1,0 +1,168 @@
+"""A controller's restart: facts into the ledger while it runs, facts back out when it starts.
+
+`Recovery` is the one owner of the ledger (`ledger.py`) and of the sandboxes that wait to be
+adopted. While the controller runs, `record` sees every handled event with its commands, and
+writes what a successor needs: sandboxes opened, placed and gone, and every Spawn/Invoke
+before it is sent (the gateway writes the final replies itself, through `ledger`).
+
+At start `restore` puts back:
+
+- **sandboxes**: the ones that never ran anything are open again at once; the ones placed on a
+  node wait (``restoring``) for that node's agent to say Hello. An agent that lists one adopts
+  it (`SandboxAdopted`: same node, same files, nothing created); one that does not, or no
+  agent within `grace_s`, makes it lost (`SandboxLost` to its requests). Requests for a
+  sandbox that waits are held by the gateway and handled once it is adopted or lost.
+- **final replies** younger than the reply cache's TTL: a client that resends the request
+  gets the original reply.
+- **requests that were running** with no reply yet: a resend gets NODE_LOST (retryable); the
+  action was stopped (the agent's Hello lists it and the controller kills it), never run twice.
+- the sandboxes' **owners** as known clients, so a client that never comes back is released
+  after the client grace like any silent one.
+
+Queued requests are not kept: they never ran, and the client resends them after it sees the
+new controller epoch, so they are simply submitted again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tangram import protocol
+from tangram.core import commands as cmd
+from tangram.core import events as ev
+from tangram_cli.controller.ledger import ANSWER_TTL_S, Ledger, Restored
+from tangram_cli.controller.state import Registry, SandboxRecord
+
+if TYPE_CHECKING:
+    from tangram_cli.controller.gateway import Gateway
+
+log = logging.getLogger("tangram.controller.recovery")
+
+RAN_TEXT = (
+    "the controller restarted while this request ran; the action was stopped and not run again "
+    "(resubmit it if it is safe to repeat)"
+)
+TOO_LARGE_TEXT = "the action finished before the controller restarted; its result was too large to keep"
+
+
+class Recovery:
+    def __init__(
+        self,
+        ledger: Ledger,
+        registry: Registry,
+        gateway: Gateway,
+        post: Callable[..., None],
+        grace_s: float,
+    ) -> None:
+        self.ledger = ledger
+        self.registry = registry
+        self.gateway = gateway
+        self.post = post
+        self.clock = registry.clock
+        self.grace_s = grace_s
+        self.restoring_until = 0.0
+        self.counters = {
+            "restored_sandboxes": 0,
+            "restored_answers": 0,
+            "restored_ran": 0,
+            "adopted_sandboxes": 0,
+            "unadopted_sandboxes": 0,
+        }
+
+    # ------------------------------------------------------------ start
+    def restore(self, step: Callable[[ev.Event], object]) -> Restored:
+        """Replay the ledger into the registry, the gateway and (through `step`) the core."""
+        r = self.ledger.restore()
+        now, wall = self.clock.now(), self.ledger.wall()
+        for key, (kind, t, frames) in r.answers.items():
+            if frames is None:
+                frames = protocol.encode(protocol.Error("NODE_LOST", TOO_LARGE_TEXT, False), key[1])
+            self.gateway.restore_final(key, kind, frames, now + max(0.0, ANSWER_TTL_S - (wall - t)))
+        for key, kind in r.ran.items():
+            frames = protocol.encode(protocol.Error("NODE_LOST", RAN_TEXT, True), key[1])
+            self.gateway.restore_final(key, kind, frames, now + ANSWER_TTL_S)
+        for s in r.sandboxes.values():
+            rec = SandboxRecord(
+                s.sandbox,
+                s.ident,
+                s.ident.hex(),
+                s.image,
+                s.mem_mib,
+                s.reserve,
+                opened=now,
+                node=s.node,
+                restoring=bool(s.node),
+            )
+            self.registry.sandboxes[s.sandbox] = rec
+            self.gateway.restore_client(s.ident)
+            step(ev.SandboxOpened(s.sandbox, rec.client, s.mem_mib, s.image, s.reserve))
+        self.counters.update(
+            restored_sandboxes=len(r.sandboxes), restored_answers=len(r.answers), restored_ran=len(r.ran)
+        )
+        if not r.empty:
+            self.restoring_until = now + self.grace_s
+            log.info(
+                "restored from %s: %d sandboxes, %d final replies, %d requests that were running%s",
+                self.ledger.path,
+                len(r.sandboxes),
+                len(r.answers),
+                len(r.ran),
+                f" ({r.skipped} unreadable lines skipped)" if r.skipped else "",
+            )
+        return r
+
+    # ------------------------------------------------------------ while running
+    def record(self, event: ev.Event, commands: list[cmd.Command]) -> None:
+        """Write the facts of one handled event (before its commands are sent)."""
+        if not self.ledger.enabled:
+            return
+        sandboxes = self.registry.sandboxes
+        if isinstance(event, ev.SandboxOpened):
+            rec = sandboxes.get(event.sandbox)
+            if rec is not None and not rec.restoring:
+                self.ledger.opened(rec.sandbox, rec.ident, rec.image, rec.mem_mib, rec.reserve)
+        elif isinstance(event, ev.SandboxClosed):
+            self.ledger.gone([event.sandbox])
+        elif isinstance(event, ev.ClientGone):
+            self.ledger.gone([s for s, rec in sandboxes.items() if rec.client == event.client])
+        elif isinstance(event, ev.NodeLost):
+            self.ledger.gone([s for s, rec in sandboxes.items() if rec.node == event.node])
+        for c in commands:
+            if isinstance(c, cmd.CreateSandbox):
+                self.ledger.placed(c.sandbox, c.node)
+            elif isinstance(c, (cmd.Spawn, cmd.Invoke)):
+                a = self.registry.actions.get(c.action_id)
+                if a is not None:
+                    self.ledger.ran(a.ident, a.request_id, a.kind)
+
+    # ------------------------------------------------------------ adoption
+    def on_hello(self, node: str, listed: set[str]) -> None:
+        """An agent said Hello listing ``listed``: adopt the waiting sandboxes it holds, lose the
+        ones it should hold and does not."""
+        for name, rec in list(self.registry.sandboxes.items()):
+            if rec.restoring and rec.node == node:
+                self._settle(rec, adopted=name in listed)
+
+    def expire(self) -> None:
+        """After the grace: the sandboxes no agent adopted are lost."""
+        if not self.restoring_until or self.clock.now() < self.restoring_until:
+            return
+        self.restoring_until = 0.0
+        for rec in list(self.registry.sandboxes.values()):
+            if rec.restoring:
+                self._settle(rec, adopted=False)
+
+    def _settle(self, rec: SandboxRecord, adopted: bool) -> None:
+        rec.restoring = False
+        if adopted:
+            self.counters["adopted_sandboxes"] += 1
+            log.info("sandbox %s adopted on %s", rec.sandbox, rec.node)
+            self.post(ev.SandboxAdopted(rec.sandbox, rec.node))
+        else:
+            self.counters["unadopted_sandboxes"] += 1
+            log.warning("sandbox %s was on %s, which no longer holds it: lost", rec.sandbox, rec.node)
+            rec.lost = True
+            self.post(ev.SandboxClosed(rec.sandbox))
+        self.gateway.resume(rec.sandbox)
