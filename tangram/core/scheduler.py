@@ -18,14 +18,11 @@ in order; ``next_deadline()`` says when it next needs a ``Tick``. Numbered rules
 
 This module holds the ``Scheduler`` itself: its state, the event handlers, admission,
 endings, deadlines and the read-only views. The two resource passes live beside it as plain
-functions over a ``PassContext`` (``context.py``: what a pass may read and change, each
-piece through its one owner): ``cpu_pass.py`` (per-node FCFS merge, placement, allocation
-with greedy eviction, reserved sandboxes) and ``gpu_pass.py`` (FCFS prefix, chunk DP,
-wait-for-resident, call starts). ``queues.py`` owns the queued actions (``Pending``: FCFS
-lanes read from the head, indexes by sandbox and client), ``state.py`` the records
-(``Waiting``, ``Running`` with its per-node/sandbox/client indexes, ``Sandbox``,
-``QueueRow``, ``Snapshot``) and the policy names, re-exported here. No event costs time in
-proportion to the queues: see ``docs/scheduler.md``, "Speed".
+functions over a ``PassContext`` (``context.py``, each piece through its one owner):
+``cpu_pass.py`` (per-node FCFS merge, placement, greedy eviction, reserved sandboxes) and
+``gpu_pass.py`` (FCFS prefix, chunk DP, wait-for-resident). ``queues.py`` owns the queued
+actions (``Pending``), ``state.py`` the records and policy names, re-exported here. No event
+costs time in proportion to the queues (``docs/scheduler.md``, "Speed").
 """
 from __future__ import annotations
 

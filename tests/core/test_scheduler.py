@@ -271,3 +271,20 @@ def test_gpu_call_waits_for_a_busy_resident_copy_when_that_beats_a_restore():
             assert [type(c) for c in out] == [cmd.Done, cmd.Invoke] and out[1].start == 0
         else:  # a restore is quicker than waiting: it goes to the free GPU
             assert [type(c) for c in out] == [cmd.Load, cmd.Invoke] and out[1].start == 1
+
+
+def test_an_adopted_sandbox_runs_on_its_node_without_being_created() -> None:
+    """A restarted controller re-binds a sandbox its agent still holds (SandboxAdopted)."""
+    s = Scheduler()
+    s.handle(node("a", 4, mem=1000), 0.0)
+    s.handle(node("b", 4, mem=1000), 0.0)
+    s.handle(ev.SandboxOpened("sb", client="c", mem_mib=600), 0.0)
+    s.handle(ev.SandboxAdopted("sb", "b"), 0.0)
+    s.handle(ev.SandboxAdopted("sb", "a"), 0.0)  # a second word does not move it
+    s.handle(ev.SandboxAdopted("nope", "a"), 0.0)  # unknown sandbox: nothing
+    out = s.handle(ev.ActionSubmitted(exec_spec("x1", "sb", 1)), 1.0)
+    assert not [c for c in out if isinstance(c, cmd.CreateSandbox)]
+    (spawn,) = [c for c in out if isinstance(c, cmd.Spawn)]
+    assert spawn.node == "b" and s.cpu.nodes["b"].mem_reserved == 600 and s.cpu.nodes["a"].mem_reserved == 0
+    out = s.handle(ev.SandboxClosed("sb"), 2.0)
+    assert s.cpu.nodes["b"].mem_reserved == 0
