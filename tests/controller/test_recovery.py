@@ -1,0 +1,127 @@
+"""A controller started on a state file (`Options.state`) that its predecessor left: restored
+sandboxes wait for their node's agent, which adopts them (or not), and resent requests get the
+recorded outcome. In-process controller, the in-test agent, real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tangram import protocol as p
+from tangram_cli.controller.config import parse_config
+from tangram_cli.controller.daemon import Controller, Options
+from tangram_cli.controller.ledger import Ledger
+from tests.controller.conftest import CONFIG
+
+
+@pytest.fixture
+async def restarted(tmp_path: Path) -> Any:
+    """`await restarted(write)`: a state file written by `write(ledger)`, then a controller on it."""
+    made: list[Controller] = []
+
+    async def make(write: Any) -> Controller:
+        path = str(tmp_path / "state.jsonl")
+        old = Ledger(path, epoch=1)
+        old.restore()
+        write(old)
+        old.close()
+        c = Controller(parse_config(CONFIG), Options(bind="127.0.0.1", state=path))
+        c.start()
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        await c.stop()
+
+
+async def test_a_restored_sandbox_waits_for_its_agent_and_is_adopted(
+    restarted: Any, make_agent: Any, raw_client: Any, tmp_path: Path
+) -> None:
+    (tmp_path / "agent-n1" / "sb-1").mkdir(parents=True)  # what the agent kept across the restart
+    (tmp_path / "agent-n1" / "sb-1" / "kept.txt").write_text("kept\n")
+    ident = secrets.token_bytes(16)
+    c = await restarted(lambda led: (led.opened("sb-1", ident, "", 64, 0), led.placed("sb-1", "n1")))
+    assert c.registry.sandboxes["sb-1"].restoring
+    client = _raw_as(raw_client, c.submit_addr, ident)
+    await client.send(p.Exec("sb-1", "cat kept.txt", 1, 1), 7)  # held until n1 says Hello
+    agent = await make_agent(c, "n1", sandboxes_at_hello=["sb-1"])
+    env = await client.final(7)
+    assert isinstance(env.msg, p.Result), env.msg
+    assert env.blobs[0] == b"kept\n"
+    assert agent.created == []  # adopted, not created again
+    assert [r.sandbox for r in agent.runs] == ["sb-1"]
+    assert c.recovery.counters["adopted_sandboxes"] == 1
+
+
+async def test_a_sandbox_its_agent_no_longer_holds_is_lost(
+    restarted: Any, make_agent: Any, raw_client: Any
+) -> None:
+    ident = secrets.token_bytes(16)
+    c = await restarted(lambda led: (led.opened("sb-1", ident, "", 64, 0), led.placed("sb-1", "n1")))
+    client = _raw_as(raw_client, c.submit_addr, ident)
+    await client.send(p.Exec("sb-1", "echo hi", 1, 1), 7)
+    agent = await make_agent(c, "n1")  # its Hello lists no sandbox
+    env = await client.final(7)
+    assert isinstance(env.msg, p.Error) and env.msg.code == "SANDBOX_LOST", env.msg
+    assert agent.runs == [] and c.recovery.counters["unadopted_sandboxes"] == 1
+
+
+async def test_resent_requests_get_the_recorded_reply_or_node_lost(restarted: Any, raw_client: Any) -> None:
+    ident = secrets.token_bytes(16)
+    answer = p.encode(p.Result({"sandbox": "sb-9"}), 3)
+
+    def write(led: Ledger) -> None:
+        led.ran(ident, 3, "open")
+        led.answered(ident, 3, "open", answer)
+        led.ran(ident, 4, "exec")  # no answer: it was running
+
+    c = await restarted(write)
+    client = _raw_as(raw_client, c.submit_addr, ident)
+    hello = p.Hello("client", "t", p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR)
+    await client.send(hello, 1)
+    welcome = await client.final(1)
+    assert isinstance(welcome.msg, p.Welcome) and welcome.msg.durable
+    await client.send(p.SandboxOpen(), 3)
+    env = await client.final(3)
+    assert env.msg == p.Result({"sandbox": "sb-9"})
+    await client.send(p.Exec("sb-9", "true", 1, 1), 4)
+    env = await client.final(4)
+    assert isinstance(env.msg, p.Error) and env.msg.code == "NODE_LOST" and env.msg.retryable
+
+
+def _raw_as(raw_client: Any, addr: str, ident: bytes) -> Any:
+    import zmq
+
+    client = raw_client(addr)
+    client.sock.close(0)
+    client.sock = client.ctx.socket(zmq.DEALER)
+    client.sock.setsockopt(zmq.IDENTITY, ident)
+    client.sock.setsockopt(zmq.LINGER, 0)
+    client.sock.connect(addr)
+    return client
+
+
+async def test_a_sandbox_whose_agent_never_comes_back_is_lost_after_the_grace(
+    restarted: Any, raw_client: Any
+) -> None:
+    ident = secrets.token_bytes(16)
+    c = await restarted(lambda led: (led.opened("sb-1", ident, "", 64, 0), led.placed("sb-1", "gone")))
+    client = _raw_as(raw_client, c.submit_addr, ident)
+    await client.send(p.Exec("sb-1", "true", 1, 1), 7)
+    for _ in range(500):  # until the gateway has read it and holds it
+        if c.registry.sandboxes["sb-1"].deferred:
+            break
+        await asyncio.sleep(0.01)
+    assert len(c.registry.sandboxes["sb-1"].deferred) == 1
+    c.recovery.expire()  # within the grace: nothing happens
+    assert c.registry.sandboxes["sb-1"].restoring
+    c.recovery.restoring_until = c.clock.now() - 1  # the grace is over
+    c.recovery.expire()
+    env = await client.final(7)
+    assert isinstance(env.msg, p.Error) and env.msg.code == "SANDBOX_LOST", env.msg
+    assert "sb-1" not in c.gateway.ledger._sandboxes  # written as gone: the next restart forgets it
