@@ -54,6 +54,16 @@ class ApiDefined:
 
 
 @dataclass(frozen=True)
+class ApiUsed:
+    """Quota already spent: ``used`` units granted in a window that began ``window_age_s``
+    ago (a restarted controller's record; only ``quota`` mode keeps windows)."""
+
+    api: str
+    used: int
+    window_age_s: float
+
+
+@dataclass(frozen=True)
 class SandboxOpened:
     """A trajectory's environment. ``reserve`` > 0 holds that many cores until it closes."""
 
@@ -126,6 +136,7 @@ Event = (
     | NodeLost
     | ServiceDefined
     | ApiDefined
+    | ApiUsed
     | SandboxOpened
     | SandboxClosed
     | SandboxAdopted

@@ -53,6 +53,7 @@ from tangram.core.state import (
     Sandbox,
     Snapshot,
     Waiting,
+    node_row,
 )
 from tangram.core.status import ADMITTED, Code, Shortfall, Status, never, wait
 
@@ -175,6 +176,10 @@ class Scheduler:
     def _on_api(self, e: ev.ApiDefined, out: list[cmd.Command]) -> None:
         self.basic.define(e.api, e.mode, e.limit, e.period_s)
         self._dirty.add(_api_pool(e.api))
+
+    def _on_api_used(self, e: ev.ApiUsed, out: list[cmd.Command]) -> None:
+        if (api := self.basic.apis.get(e.api)) is not None:
+            api.spent(e.used, self.now - e.window_age_s, self.now)
 
     def _on_sandbox_opened(self, e: ev.SandboxOpened, out: list[cmd.Command]) -> None:
         if e.sandbox in self.sandboxes:
@@ -529,22 +534,8 @@ class Scheduler:
         """A read-only view for status and metrics. ``limit``: only the first ``limit`` waiting
         actions in FCFS order get a queue row (``queued`` still counts them all), so a status
         query costs O(limit), not O(queue), during a burst."""
-        nodes = []
-        for name in sorted(set(self.cpu.nodes) | set(self.gpu.nodes)):
-            c = self.cpu.nodes.get(name)
-            g = self.gpu.nodes.get(name)
-            nodes.append({
-                "node": name,
-                "cpus_total": c.total if c else 0,
-                "cpus_used": (c.total - c.free) if c else 0,
-                "mem_total_mib": c.mem_total if c else 0,
-                "mem_reserved_mib": c.mem_reserved if c else 0,
-                "sandboxes": len(c.sandboxes) if c else 0,
-                "gpus_total": g.count if g else 0,
-                "gpus_busy": g.busy.bit_count() if g else 0,
-                "gpu_mem_used_mib": list(g.used_mem) if g else [],
-                "resident": sorted(f"{s}@{a}+{z}" for s, a, z in g.resident) if g else [],
-            })
+        nodes = [node_row(name, self.cpu.nodes.get(name), self.gpu.nodes.get(name))
+                 for name in sorted(set(self.cpu.nodes) | set(self.gpu.nodes))]
         services = tuple(
             {"service": s.name, "gpu_mem_mib": s.gpu_mem_mib, "chunk_sizes": list(s.chunk_sizes), "load_s": s.load_s}
             for s in sorted(self.gpu.services.values(), key=lambda s: s.name)
@@ -587,6 +578,7 @@ _HANDLERS = {
     ev.NodeLost: Scheduler._on_node_lost,
     ev.ServiceDefined: Scheduler._on_service,
     ev.ApiDefined: Scheduler._on_api,
+    ev.ApiUsed: Scheduler._on_api_used,
     ev.SandboxOpened: Scheduler._on_sandbox_opened,
     ev.SandboxClosed: Scheduler._on_sandbox_closed,
     ev.SandboxAdopted: Scheduler._on_sandbox_adopted,

@@ -4,7 +4,7 @@ these records lives in ``scheduler.py``, ``cpu_pass.py`` and ``gpu_pass.py``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tangram.core.actions import ActionSpec, Kind
 from tangram.core.status import ADMITTED, Status
@@ -147,3 +147,19 @@ class Snapshot:
     running: int
     counters: tuple[tuple[str, int], ...]
 
+
+
+def node_row(name: str, c: Any, g: Any) -> dict[str, object]:
+    """A node's status row from its CPU and GPU records (either may be None)."""
+    return {
+        "node": name,
+        "cpus_total": c.total if c else 0,
+        "cpus_used": (c.total - c.free) if c else 0,
+        "mem_total_mib": c.mem_total if c else 0,
+        "mem_reserved_mib": c.mem_reserved if c else 0,
+        "sandboxes": len(c.sandboxes) if c else 0,
+        "gpus_total": g.count if g else 0,
+        "gpus_busy": g.busy.bit_count() if g else 0,
+        "gpu_mem_used_mib": list(g.used_mem) if g else [],
+        "resident": sorted(f"{s}@{a}+{z}" for s, a, z in g.resident) if g else [],
+    }

@@ -94,7 +94,12 @@ class Controller:
         self.status = StatusServer(self.status_sock, self._records)
         self.gateway.ledger = Ledger(self.options.state, self.epoch)
         self.recovery = Recovery(
-            self.gateway.ledger, self.registry, self.gateway, self.driver.post, restore_grace(self.config)
+            self.gateway.ledger,
+            self.core,
+            self.registry,
+            self.gateway,
+            self.driver.post,
+            restore_grace(self.config),
         )
         self.agents.on_hello = self.recovery.on_hello
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -629,17 +629,7 @@ class Gateway:
             raise BadRequest(f"unknown API {msg.api!r} (known: {known})")
         timeout = self._budget(msg.budget_ms)
         aid = self._new_id("l")
-        res = api_resource(msg.api)
-        spec = ActionSpec(
-            action_id=aid,
-            kind=Kind.LEASE,
-            demand=((res, Demand.fixed(msg.units)),),
-            key=res,
-            action_type=f"lease:{msg.api}",
-            client=client.key,
-            api=msg.api,
-            timeout_s=timeout,
-        )
+        spec = lease_spec(aid, msg.api, msg.units, client.key, timeout)
         now = self.clock.now()
         rec = ActionRecord(aid, "lease", client.ident, rid, client.key, now, now + timeout, units=msg.units)
         self._submit(client, rid, "lease", spec, rec)
@@ -871,6 +861,21 @@ _HANDLERS: dict[type, Callable[..., None]] = {
 _CAPPED = frozenset(
     {protocol.SandboxOpen, protocol.Put, protocol.Get, protocol.Exec, protocol.Call, protocol.Lease}
 )
+
+
+def lease_spec(aid: str, api: str, units: int, client: str, timeout_s: float) -> ActionSpec:
+    """The core's action for an API lease (a new one, or one restored after a restart)."""
+    res = api_resource(api)
+    return ActionSpec(
+        action_id=aid,
+        kind=Kind.LEASE,
+        demand=((res, Demand.fixed(units)),),
+        key=res,
+        action_type=f"lease:{api}",
+        client=client,
+        api=api,
+        timeout_s=timeout_s,
+    )
 
 
 def _is_action(msg: protocol.Message) -> bool:

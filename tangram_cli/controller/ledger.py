@@ -11,14 +11,17 @@ canonical encoding of `tangram.journal`, a header line per controller epoch):
     {"f":"gone","sb":S}                                              ... closed or lost
     {"f":"run","ident":HEX,"rid":R,"kind":K}                         a request started running
     {"f":"ans","ident":HEX,"rid":R,"kind":K,"t":WALL,"frames":[B64]} its one final reply
+    {"f":"lease","action":A,"api":API,"units":U,"ident":HEX,"rid":R,"expires":WALL}  granted
+    {"f":"lease-end","action":A}                                     ... released or expired
+    {"f":"quota","api":API,"used":U,"start":WALL}                    a quota window's use
 
 Write policy: a line reaches the OS (one `write`, O_APPEND) before the message it guards is
 sent: a `run` before the Spawn/Invoke, an `ans` before the client's reply. A killed controller
 therefore never forgets that something ran or what it answered. `fsync` runs at most every
 `SYNC_S` seconds and at a clean stop, so a machine crash can lose the last second.
 
-Replay (`load`): live sandboxes with their nodes, answers younger than `ANSWER_TTL_S`, and
-requests that ran without an answer (after a restart they are answered NODE_LOST: they were
+Replay (`load`): live sandboxes with their nodes, leases not yet released, each API's last
+quota window, answers younger than `ANSWER_TTL_S`, and requests that ran without an answer (after a restart they are answered NODE_LOST: they were
 stopped, never run twice). Start-up rewrites the file with just that (compaction), and so does
 `append` once the file passes `COMPACT_BYTES`.
 """
@@ -60,18 +63,30 @@ class SandboxFact:
 
 
 @dataclass
+class LeaseFact:
+    action: str
+    api: str
+    units: int
+    ident: bytes
+    rid: int
+    expires: float  # wall clock
+
+
+@dataclass
 class Restored:
     """What a controller finds in the file it starts with."""
 
     sandboxes: dict[str, SandboxFact] = field(default_factory=dict)
     answers: dict[tuple[bytes, int], tuple[str, float, list[bytes] | None]] = field(default_factory=dict)
     ran: dict[tuple[bytes, int], str] = field(default_factory=dict)  # ran without an answer -> kind
+    leases: dict[str, LeaseFact] = field(default_factory=dict)
+    quotas: dict[str, tuple[int, float]] = field(default_factory=dict)  # api -> (used, window start, wall)
     epochs: int = 0
     skipped: int = 0  # lines that did not parse (a torn last line)
 
     @property
     def empty(self) -> bool:
-        return not (self.sandboxes or self.answers or self.ran)
+        return not (self.sandboxes or self.answers or self.ran or self.leases or self.quotas)
 
 
 def _apply(r: Restored, rec: dict[str, Any], now: float) -> None:
@@ -86,6 +101,15 @@ def _apply(r: Restored, rec: dict[str, Any], now: float) -> None:
         r.sandboxes.pop(rec["sb"], None)
     elif f == "run":
         r.ran[(bytes.fromhex(rec["ident"]), rec["rid"])] = rec["kind"]
+    elif f == "lease":
+        lf = LeaseFact(
+            rec["action"], rec["api"], rec["units"], bytes.fromhex(rec["ident"]), rec["rid"], rec["expires"]
+        )
+        r.leases[lf.action] = lf
+    elif f == "lease-end":
+        r.leases.pop(rec["action"], None)
+    elif f == "quota":
+        r.quotas[rec["api"]] = (rec["used"], rec["start"])
     elif f == "ans":
         key = (bytes.fromhex(rec["ident"]), rec["rid"])
         r.ran.pop(key, None)
@@ -131,6 +155,8 @@ class Ledger:
         # the live facts, for compaction: sandbox -> its lines; (ident, rid) -> its run/ans line
         self._sandboxes: dict[str, list[str]] = {}
         self._requests: OrderedDict[tuple[bytes, int], str] = OrderedDict()
+        self._leases: dict[str, str] = {}
+        self._quotas: dict[str, str] = {}
         self.written = 0
 
     @property
@@ -150,6 +176,9 @@ class Ledger:
             self._requests[key] = self._ans_line(key, kind, t, frames)
         for key, kind in r.ran.items():
             self._requests[key] = _line({"f": "run", "ident": key[0].hex(), "rid": key[1], "kind": kind})
+        for api, (used, start) in r.quotas.items():
+            self.quota(api, used, start, write=False)
+        # leases are written again when the restored controller grants them anew
         self._rewrite()
         return r
 
@@ -186,6 +215,38 @@ class Ledger:
         for sandbox in sandboxes:
             if self._sandboxes.pop(sandbox, None) is not None:
                 self._append(_line({"f": "gone", "sb": sandbox}))
+
+    def lease(self, lf: LeaseFact) -> None:
+        if self.path is None:
+            return
+        line = _line(
+            {
+                "f": "lease",
+                "action": lf.action,
+                "api": lf.api,
+                "units": lf.units,
+                "ident": lf.ident.hex(),
+                "rid": lf.rid,
+                "expires": lf.expires,
+            }
+        )
+        self._leases[lf.action] = line
+        self._append(line)
+
+    def lease_end(self, action: str) -> None:
+        if self._leases.pop(action, None) is not None:
+            self._append(_line({"f": "lease-end", "action": action}))
+
+    def holds_lease(self, action: str) -> bool:
+        return action in self._leases
+
+    def quota(self, api: str, used: int, start: float, write: bool = True) -> None:
+        if self.path is None:
+            return
+        line = _line({"f": "quota", "api": api, "used": used, "start": start})
+        self._quotas[api] = line
+        if write:
+            self._append(line)
 
     def ran(self, ident: bytes, rid: int, kind: str) -> None:
         if self.path is None:
@@ -248,6 +309,8 @@ class Ledger:
         lines = [header]
         for sb_lines in self._sandboxes.values():
             lines.extend(sb_lines)
+        lines.extend(self._leases.values())
+        lines.extend(self._quotas.values())
         lines.extend(self._requests.values())
         data = ("\n".join(lines) + "\n").encode("ascii")
         tmp = f"{self.path}.tmp{os.getpid()}"

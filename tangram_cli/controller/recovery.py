@@ -16,7 +16,10 @@ At start `restore` puts back:
   gets the original reply.
 - **requests that were running** with no reply yet: a resend gets NODE_LOST (retryable); the
   action was stopped (the agent's Hello lists it and the controller kills it), never run twice.
-- the sandboxes' **owners** as known clients, so a client that never comes back is released
+- **leases** not yet released: granted again at once (the client still holds them), so an
+  API's concurrency stays bounded; each quota-mode API's current **window** (`ApiUsed`), so a
+  restart does not reset a quota.
+- the sandboxes' and leases' **owners** as known clients, so a client that never comes back is released
   after the client grace like any silent one.
 
 Queued requests are not kept: they never ran, and the client resends them after it sees the
@@ -32,11 +35,14 @@ from typing import TYPE_CHECKING
 from tangram import protocol
 from tangram.core import commands as cmd
 from tangram.core import events as ev
-from tangram_cli.controller.ledger import ANSWER_TTL_S, Ledger, Restored
-from tangram_cli.controller.state import Registry, SandboxRecord
+from tangram.core.scheduler import Scheduler
+from tangram_cli.controller.ledger import ANSWER_TTL_S, LeaseFact, Ledger, Restored
+from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord
 
 if TYPE_CHECKING:
     from tangram_cli.controller.gateway import Gateway
+
+Step = Callable[[ev.Event], object]
 
 log = logging.getLogger("tangram.controller.recovery")
 
@@ -51,12 +57,14 @@ class Recovery:
     def __init__(
         self,
         ledger: Ledger,
+        core: Scheduler,
         registry: Registry,
         gateway: Gateway,
         post: Callable[..., None],
         grace_s: float,
     ) -> None:
         self.ledger = ledger
+        self.core = core  # read only: an API's quota window, to record it
         self.registry = registry
         self.gateway = gateway
         self.post = post
@@ -67,12 +75,13 @@ class Recovery:
             "restored_sandboxes": 0,
             "restored_answers": 0,
             "restored_ran": 0,
+            "restored_leases": 0,
             "adopted_sandboxes": 0,
             "unadopted_sandboxes": 0,
         }
 
     # ------------------------------------------------------------ start
-    def restore(self, step: Callable[[ev.Event], object]) -> Restored:
+    def restore(self, step: Step) -> Restored:
         """Replay the ledger into the registry, the gateway and (through `step`) the core."""
         r = self.ledger.restore()
         now, wall = self.clock.now(), self.ledger.wall()
@@ -98,6 +107,7 @@ class Recovery:
             self.registry.sandboxes[s.sandbox] = rec
             self.gateway.restore_client(s.ident)
             step(ev.SandboxOpened(s.sandbox, rec.client, s.mem_mib, s.image, s.reserve))
+        self._restore_apis(r, step, wall)
         self.counters.update(
             restored_sandboxes=len(r.sandboxes), restored_answers=len(r.answers), restored_ran=len(r.ran)
         )
@@ -112,6 +122,33 @@ class Recovery:
                 f" ({r.skipped} unreadable lines skipped)" if r.skipped else "",
             )
         return r
+
+    def _restore_apis(self, r: Restored, step: Step, wall: float) -> None:
+        from tangram_cli.controller.gateway import lease_spec
+
+        live = [lf for lf in r.leases.values() if lf.expires > wall]
+        for api, (used, start) in r.quotas.items():
+            held = sum(lf.units for lf in live if lf.api == api)  # granted again below
+            step(ev.ApiUsed(api, max(0, used - held), max(0.0, wall - start)))
+        now = self.clock.now()
+        for lf in live:
+            left = lf.expires - wall
+            self.registry.actions[lf.action] = ActionRecord(
+                lf.action,
+                "lease",
+                lf.ident,
+                lf.rid,
+                lf.ident.hex(),
+                now,
+                now + left,
+                units=lf.units,
+                started=now,
+                granted=True,
+                final_sent=True,
+            )
+            self.gateway.restore_client(lf.ident)
+            step(ev.ActionSubmitted(lease_spec(lf.action, lf.api, lf.units, lf.ident.hex(), left)))
+        self.counters["restored_leases"] = len(live)
 
     # ------------------------------------------------------------ while running
     def record(self, event: ev.Event, commands: list[cmd.Command]) -> None:
@@ -132,10 +169,27 @@ class Recovery:
         for c in commands:
             if isinstance(c, cmd.CreateSandbox):
                 self.ledger.placed(c.sandbox, c.node)
+            elif isinstance(c, cmd.Grant):
+                self._granted(c)
+            elif isinstance(c, (cmd.Done, cmd.Reject)) and self.ledger.holds_lease(c.action_id):
+                self.ledger.lease_end(c.action_id)
             elif isinstance(c, (cmd.Spawn, cmd.Invoke)):
                 a = self.registry.actions.get(c.action_id)
                 if a is not None:
                     self.ledger.ran(a.ident, a.request_id, a.kind)
+
+    def _granted(self, c: cmd.Grant) -> None:
+        a = self.registry.actions.get(c.action_id)
+        wall, now = self.ledger.wall(), self.clock.now()
+        if a is not None:
+            self.ledger.lease(
+                LeaseFact(
+                    c.action_id, c.api, a.units, a.ident, a.request_id, wall + max(0.0, a.deadline - now)
+                )
+            )
+        api = self.core.basic.apis.get(c.api)
+        if api is not None and api.window_start is not None:
+            self.ledger.quota(c.api, api.used, wall - (self.core.now - api.window_start))
 
     # ------------------------------------------------------------ adoption
     def on_hello(self, node: str, listed: set[str]) -> None:

@@ -49,6 +49,11 @@ class Api:
     def release(self, lease: str) -> None:
         self.in_flight.discard(lease)
 
+    def spent(self, used: int, window_start: float, now: float) -> None:
+        """Quota spent in a window that began at ``window_start`` (restored after a restart)."""
+        if self.mode == QUOTA and now < window_start + self.period_s:
+            self.window_start, self.used = window_start, used
+
     def next_window(self) -> float | None:
         if self.mode != QUOTA or self.window_start is None:
             return None
