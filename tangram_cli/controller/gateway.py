@@ -72,6 +72,7 @@ class ClientState:
     last_seen: float = 0.0  # controller clock
     connected: float = 0.0
     requests: int = 0
+    welcomed: bool = False  # said Hello to this controller, or was told its epoch unasked
 
 
 @dataclass(slots=True)
@@ -142,6 +143,17 @@ class Gateway:
             frames = encode_to(ident, protocol.Error("INTERNAL", f"reply does not encode: {exc}", False), rid)
         if not send_now(self.sock, frames):
             self.counters["send_dropped"] += 1
+
+    def _welcome(self) -> protocol.Welcome:
+        return protocol.Welcome(
+            protocol.PROTOCOL_MAJOR,
+            protocol.PROTOCOL_MINOR,
+            self.epoch,
+            0,
+            self.config.heartbeat_s,
+            self.config.max_outstanding_per_client,
+            self.ledger.enabled,
+        )
 
     def _send_accepted(self, ident: bytes, rid: int) -> None:
         if not send_now(self.sock, [ident, *protocol.encode_trusted(protocol.Accepted(), rid)]):
@@ -309,6 +321,11 @@ class Gateway:
             self._send(ident, protocol.Error.from_exception(exc), rid)
             return
         msg, rid = env.msg, env.request_id
+        if not client.welcomed and not isinstance(msg, protocol.Hello):
+            # a client of a previous controller (a restart): it learns the new epoch from its
+            # first contact, heartbeat or request, and resends what it waits for
+            client.welcomed = True
+            self._send(ident, self._welcome(), 0)
         if isinstance(msg, protocol.Heartbeat):
             self._send(ident, protocol.Heartbeat(), 0)
             return
@@ -318,20 +335,8 @@ class Gateway:
                 reason = problem or f"role {msg.role!r} on the submit socket"
                 self._send(ident, protocol.Reject(reason), rid)
                 return
-            client.name = msg.name
-            self._send(
-                ident,
-                protocol.Welcome(
-                    protocol.PROTOCOL_MAJOR,
-                    protocol.PROTOCOL_MINOR,
-                    self.epoch,
-                    0,
-                    self.config.heartbeat_s,
-                    self.config.max_outstanding_per_client,
-                    self.ledger.enabled,
-                ),
-                rid,
-            )
+            client.name, client.welcomed = msg.name, True
+            self._send(ident, self._welcome(), rid)
             return
         if isinstance(msg, protocol.Bye):
             self._client_gone(client, "said bye")

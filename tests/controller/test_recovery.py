@@ -166,3 +166,17 @@ async def test_held_leases_and_quota_windows_survive_a_restart(tmp_path: Path, r
         assert isinstance(env.msg, p.Error), env.msg  # both search slots are still held
     finally:
         await c.stop()
+
+
+async def test_a_client_of_a_previous_controller_learns_the_epoch_on_first_contact(
+    restarted: Any, raw_client: Any
+) -> None:
+    c = await restarted(lambda led: None)
+    client = _raw_as(raw_client, c.submit_addr, secrets.token_bytes(16))
+    await client.send(p.Cancel(99), 5)  # no Hello: this client spoke to the controller before
+    first = await client.recv()
+    assert isinstance(first.msg, p.Welcome) and first.request_id == 0
+    assert first.msg.controller_epoch == c.epoch and first.msg.durable
+    assert isinstance((await client.final(5)).msg, p.Result)
+    await client.send(p.Cancel(98), 6)
+    assert (await client.recv()).request_id == 6  # told once
