@@ -3,8 +3,9 @@
 Rules (docs/protocol.md, "Controller behaviour"):
 
 1. Every request gets exactly one final reply (`Result` or `Error`) with its request id;
-   `Exec` and `Call` first get `Accepted` once the core has admitted them (a request the core
-   rejects at once, e.g. NO_CAPACITY, gets only the `Error`).
+   `Exec` and `Call` that the core admits but cannot start at once first get `Accepted` (one
+   that starts in the same decision, or that the core rejects at once, e.g. NO_CAPACITY, gets
+   only its final reply).
 2. Replies are cached per (client identity, request id): a resent request joins its pending
    action (`Accepted` again) or gets the cached final reply; nothing runs twice. The cache is
    bounded (LRU) and entries expire 5 minutes after their final reply.
@@ -557,7 +558,8 @@ class Gateway:
                 return
             if not rec.final_sent and kind in ("exec", "call"):
                 rec.granted = True
-                self._send_accepted(ident, rid)
+                if rec.started is None:  # queued: say so; one that started already just answers
+                    self._send_accepted(ident, rid)
 
         self.post(ev.ActionSubmitted(spec), after)
 
