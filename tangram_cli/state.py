@@ -3,7 +3,9 @@
     clusters/<name>/state.json    controller pid, address, ports, hosts, bundle hash, started_at
     clusters/<name>/state.lock    flock held while `up`/`down` change the cluster
     clusters/<name>/logs/         controller.log, agent logs of local nodes
-    clusters/<name>/journal       the controller's event journal
+    clusters/<name>/journal       the controller's event journal (appended to across restarts)
+    clusters/<name>/state.jsonl   the controller's durable state (``--state``), replayed at start
+    clusters/<name>/controller.json, controller.ready   its configuration and its bound ports
 
 ``state.json`` is written atomically (temporary file, fsync, rename) under an exclusive flock, and is
 used only to *find* a cluster: the controller's status socket is the truth about what runs. A state
@@ -56,6 +58,17 @@ def logs_dir(name: str) -> Path:
 
 def journal_path(name: str) -> Path:
     return cluster_dir(name) / "journal"
+
+
+def controller_state_path(name: str) -> Path:
+    """The controller's durable state (``tangram controller --state``); kept across restarts.
+    (``state_path`` is the operator's ``state.json``, a different file.)"""
+    return cluster_dir(name) / "state.jsonl"
+
+
+def controller_config_path(name: str) -> Path:
+    """The controller's resolved configuration (``--config``), written by `up`."""
+    return cluster_dir(name) / "controller.json"
 
 
 def ensure_dirs(name: str) -> Path:
@@ -125,6 +138,12 @@ class ClusterState:
 
     def controller_alive(self) -> bool:
         return pid_alive(self.controller_pid, ("tangram", "controller"))
+
+    def controller_is_ours(self) -> bool:
+        """Stricter than ``controller_alive``: the recorded pid runs *this* cluster's controller
+        (its command line names our ``controller.json``), so a recycled pid is never mistaken
+        for it, nor signalled."""
+        return pid_alive(self.controller_pid, (str(controller_config_path(self.name)),))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

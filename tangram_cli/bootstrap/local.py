@@ -8,7 +8,9 @@ node gets emulated ones (8 x 80 GiB unless ``--gpus``/``--gpu-mem``).
 
 The controller is started from its resolved configuration (``controller.json``, built by
 ``controller_config`` from the inventory), reports its ports through ``--ready-file``, and `up`
-then blocks until every agent shows up in the controller's status records.
+then blocks until every agent shows up in the controller's status records. `up` on a recorded
+cluster keeps what runs; a controller that died is restarted in place (restart.py); the process
+helpers live in procs.py.
 """
 
 from __future__ import annotations
@@ -16,28 +18,28 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tangram.errors import BootstrapError, ConfigError, ControllerUnreachable, TangramError
+from tangram.errors import BootstrapError, ConfigError, TangramError
 from tangram_cli import state as st
-from tangram_cli.render import status as rs
+from tangram_cli.bootstrap import procs, restart
 
 REWARD_MODEL = "agent.gpu.demo_services:reward"
 HOSTROOT_IMAGE = "tangram/hostroot:1"
 DEFAULT_LOCAL_GPUS = 8
 DEFAULT_LOCAL_GPU_MEM_MIB = 80 * 1024
-CONTROLLER_READY_TIMEOUT_S = 30.0
-DOWN_STATES = ("down", "down*", "unreach", "boot", "lost", "gone")
 
-# The controller CLI, runnable without a console script on PATH (and recognisable in /proc).
-CONTROLLER_ARGV = [sys.executable, "-c", "from tangram_cli.main import cli; cli()", "controller"]
-AGENT_ARGV = [sys.executable, "-m", "agent"]
+# Callers (`down`, tests) reach the process helpers through this module too.
+is_up = procs.is_up
+parse_ready = procs.parse_ready
+start_controller = procs.start_controller
+stop_local_agents = procs.stop_local_agents
+terminate = procs.terminate
+wait_registered = procs.wait_registered
 
 
 # ---------------------------------------------------------------- resolved configuration
@@ -243,210 +245,6 @@ def online_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-# ---------------------------------------------------------------- processes
-
-
-def spawn_detached(
-    argv: list[str], log_path: Path, *, cwd: Path | None = None, env: Mapping[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in its own session, stdin from /dev/null, stdout+stderr appended to ``log_path``."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
-        return subprocess.Popen(
-            argv,
-            stdin=devnull,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            start_new_session=True,
-            close_fds=True,
-        )
-
-
-def log_tail(path: Path, lines: int = 8) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def parse_ready(text: str) -> dict[str, int]:
-    """The controller's ready line -> ``{"agents": P, "submit": P, "status": P}`` (key spellings vary)."""
-    for line in reversed([ln for ln in text.splitlines() if ln.strip().startswith("{")]):
-        try:
-            raw = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(raw, dict):
-            continue
-        flat = dict(raw)
-        if isinstance(raw.get("ports"), dict):
-            flat.update(raw["ports"])
-        ports: dict[str, int] = {}
-        for key, value in flat.items():
-            for want in ("agents", "submit", "status"):
-                if isinstance(value, int) and not isinstance(value, bool) and str(key).startswith(want):
-                    ports[want] = value
-                elif isinstance(value, str) and str(key).startswith(want) and ":" in value:
-                    with contextlib.suppress(ValueError):
-                        ports[want] = int(value.rsplit(":", 1)[1])
-        if len(ports) == 3:
-            return ports
-    return {}
-
-
-def start_controller(
-    name: str,
-    *,
-    bind: str,
-    ports: Mapping[str, int],
-    config: Mapping[str, Any],
-    timeout_s: float = CONTROLLER_READY_TIMEOUT_S,
-    foreground_argv: bool = False,
-    certs: str | None = None,
-) -> tuple[subprocess.Popen[bytes] | None, list[str], dict[str, int]]:
-    """Write ``controller.json`` and start ``tangram controller`` detached; wait for its ready file.
-
-    Returns (process, argv, ports). With ``foreground_argv`` nothing is started: the argv is
-    returned for the caller to exec.
-    """
-    d = st.ensure_dirs(name)
-    cfg_path = d / "controller.json"
-    cfg_path.write_text(json.dumps(config, indent=2) + "\n")
-    ready = d / "controller.ready"
-    with contextlib.suppress(FileNotFoundError):
-        ready.unlink()
-    argv = [
-        *CONTROLLER_ARGV,
-        "--bind",
-        bind,
-        "--agents-port",
-        str(ports.get("agents", 0)),
-        "--submit-port",
-        str(ports.get("submit", 0)),
-        "--status-port",
-        str(ports.get("status", 0)),
-        "--journal",
-        str(st.journal_path(name)),
-        "--config",
-        str(cfg_path),
-        "--ready-file",
-        str(ready),
-    ]
-    if certs:
-        argv += ["--certs", str(certs)]
-    if foreground_argv:
-        return None, argv, {}
-    log = st.logs_dir(name) / "controller.log"
-    proc = spawn_detached(argv, log, cwd=d)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if ready.exists():
-            got = parse_ready(ready.read_text(errors="replace"))
-            if got:
-                return proc, argv, got
-        if proc.poll() is not None:
-            raise BootstrapError(
-                f"the controller exited with status {proc.returncode} during start",
-                hint=f"read {log}",
-                detail=log_tail(log),
-            )
-        time.sleep(0.05)
-    terminate(proc.pid, timeout_s=3)
-    raise BootstrapError(
-        f"the controller did not report ready within {timeout_s:g}s", hint=f"read {log}", detail=log_tail(log)
-    )
-
-
-def terminate(
-    pid: int | None,
-    *,
-    timeout_s: float = 10.0,
-    words: tuple[str, ...] = (),
-    first: signal.Signals = signal.SIGTERM,
-) -> str:
-    """``first`` (SIGTERM), wait; then SIGTERM again if ``first`` was another signal, wait a little;
-    then SIGKILL. Returns "gone" (was not running), "stopped" or "killed"."""
-    if not st.pid_alive(pid, words):
-        return "gone"
-    assert pid is not None
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, first)
-    if _wait_gone(pid, timeout_s):
-        return "stopped"
-    if first != signal.SIGTERM:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        if _wait_gone(pid, 5.0):
-            return "stopped"
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    _wait_gone(pid, 5.0)
-    return "killed"
-
-
-def _wait_gone(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
-        if not st.pid_alive(pid):
-            return True
-        time.sleep(0.05)
-    return not st.pid_alive(pid)
-
-
-# ---------------------------------------------------------------- waiting for agents
-
-
-def wait_registered(
-    status_address: str,
-    names: Iterable[str],
-    *,
-    timeout_s: float,
-    on_update: Callable[[dict[str, str]], None] | None = None,
-    alive: Callable[[], str | None] | None = None,
-    certs: str | None = None,
-) -> dict[str, str]:
-    """Poll the status socket until every node in ``names`` is registered and not down.
-
-    Returns ``{node: state}``. Stops early when ``alive()`` returns a reason (a process died).
-    On timeout the states seen last are returned (the caller reports the missing ones).
-    """
-    want = list(names)
-    seen: dict[str, str] = dict.fromkeys(want, "waiting")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            records = st.query_status(status_address, sections=(), limit=0, timeout_s=2.0, certs=certs)
-            rows = {rs.node_name(r): r for r in rs.rows(records, "nodes")}
-            for n in want:
-                if n in rows:
-                    seen[n] = rs.node_state(rows[n]) or "registered"
-        except ControllerUnreachable:
-            pass
-        except TangramError:
-            pass
-        if on_update:
-            on_update(dict(seen))
-        if all(is_up(seen[n]) for n in want):
-            return seen
-        if alive is not None and (why := alive()):
-            for n in want:
-                if not is_up(seen[n]):
-                    seen[n] = why
-            return seen
-        if time.monotonic() >= deadline:
-            return seen
-        time.sleep(0.2)
-
-
-def is_up(state: str) -> bool:
-    return state not in ("waiting", "") and not state.startswith(DOWN_STATES) and " " not in state
-
-
 # ---------------------------------------------------------------- the local cluster
 
 
@@ -454,6 +252,43 @@ def local_inventory() -> Any:
     from tangram_cli.inventory import local_default
 
     return local_default()
+
+
+@dataclass(frozen=True)
+class LocalUp:
+    """What `tangram up` did to the local cluster. ``how``: "started" (a fresh cluster),
+    "running" (it ran; dead agents were started again), "restarted" (the controller was
+    restarted in place on its recorded ports)."""
+
+    state: st.ClusterState
+    how: str
+    restarted: restart.Restarted | None = None
+    agents: tuple[restart.AgentOutcome, ...] = ()
+
+    @property
+    def started(self) -> bool:
+        """Something was started (the cluster, its controller or an agent)."""
+        return self.how != "running" or any(a.how == "restarted" for a in self.agents)
+
+    def summary(self) -> str | None:
+        """One line on what was restarted, or None."""
+        if self.restarted is not None:
+            return self.restarted.summary()
+        again = [a.describe() for a in self.agents if a.how == "restarted"]
+        return "; ".join(again) or None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state record plus ``started``, ``how`` and, after a restart in place, ``restarted``."""
+        doc: dict[str, Any] = {**self.state.to_dict(), "started": self.started, "how": self.how}
+        if self.restarted is not None:
+            r = self.restarted
+            doc["restarted"] = {
+                "controller_pid": r.controller_pid,
+                "ports": r.ports,
+                "why": r.why,
+                "agents": {a.name: {"how": a.how, "pid": a.pid} for a in r.agents},
+            }
+        return doc
 
 
 def up_local(
@@ -466,24 +301,94 @@ def up_local(
     cluster: str = st.DEFAULT_CLUSTER,
     curve: bool = False,
 ) -> tuple[st.ClusterState, bool]:
-    """Start (or find) the local cluster. Returns (state, started_now). ``curve``: create CURVE keys
-    and run controller and agent with them (still on 127.0.0.1)."""
+    """`bring_up_local` for callers that want (state, started_now); what was restarted is told
+    through ``on_event``."""
+    r = bring_up_local(
+        executor=executor,
+        gpus=gpus,
+        gpu_mem_mib=gpu_mem_mib,
+        timeout_s=timeout_s,
+        on_event=on_event,
+        cluster=cluster,
+        curve=curve,
+    )
+    if on_event and r.restarted is not None:
+        on_event(r.restarted.summary())
+    return r.state, r.started
+
+
+def bring_up_local(
+    *,
+    executor: str = "auto",
+    gpus: int | None = None,
+    gpu_mem_mib: int | None = None,
+    timeout_s: float = 120.0,
+    on_event: Callable[[str], None] | None = None,
+    cluster: str = st.DEFAULT_CLUSTER,
+    curve: bool = False,
+) -> LocalUp:
+    """Start, keep or restart the local cluster. A running cluster is kept (dead agents are started
+    again); one whose controller died is restarted in place, on the recorded ports, keeping live
+    agents; otherwise a fresh one starts. ``curve``: CURVE keys for a fresh cluster (127.0.0.1)."""
     say = on_event or (lambda _m: None)
     with st.locked(cluster):
         old = st.load(cluster)
-        if old is not None and old.controller_alive():
-            records = None
-            with contextlib.suppress(TangramError):
-                records = st.query_status(old.status_address, timeout_s=2.0, certs=old.certs or None)
-            if records is not None:
-                return old, _restart_dead_agent(old, records, timeout_s, say)
-            say("controller process runs but does not answer; restarting it")
-            terminate(old.controller_pid, timeout_s=5, words=("tangram",))
-        if old is not None:  # stale: clean up what may be left
-            for h in old.hosts:
-                terminate(h.pid, timeout_s=5, words=("agent",))
-            st.remove(cluster)
+        if old is not None:
+            found = _existing(old, timeout_s, say)
+            if found is not None:
+                return found
+        setup = _LocalSetup.choose(executor, gpus, gpu_mem_mib, say)
+        state = _start_fresh_controller(cluster, setup, curve, say)
+        _start_first_agent(state, setup, timeout_s, say)
+        return LocalUp(state, "started")
 
+
+def _existing(old: st.ClusterState, timeout_s: float, say: Callable[[str], None]) -> LocalUp | None:
+    """A recorded cluster: kept, restarted in place, or cleaned up (None: start a fresh one)."""
+    pid = old.controller_pid
+    if old.controller_is_ours():
+        if _answers(old):
+            agents = restart.ensure_local_agents(old, timeout_s=timeout_s, say=say, wait_all=False)
+            return LocalUp(old, "running", agents=agents)
+        say(f"controller pid {pid} runs but does not answer; stopping it")
+        procs.terminate(pid, timeout_s=5, words=(str(st.controller_config_path(old.name)),))
+        why = f"controller pid {pid} did not answer"
+    elif st.pid_alive(pid):
+        why = f"controller pid {pid} now runs another program"
+    else:
+        why = f"controller pid {pid} is gone"
+    missing = restart.missing_record(old)
+    if missing is None:
+        r = restart.restart_local(old, why=why, timeout_s=timeout_s, say=say)
+        return LocalUp(old, "restarted", restarted=r, agents=r.agents)
+    say(f"{why}; cannot restart it in place ({missing}): starting a fresh cluster")
+    for h in old.hosts:
+        procs.terminate(procs.local_agent_pid(h), timeout_s=5, words=("agent",))
+    st.remove(old.name)
+    return None
+
+
+def _answers(state: st.ClusterState) -> bool:
+    try:
+        st.query_status(state.status_address, limit=0, timeout_s=2.0, certs=state.certs or None)
+    except TangramError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class _LocalSetup:
+    node: Any
+    executor: str
+    emulated: int
+    gpu_mem_mib: int
+    gpu_text: str
+    config: dict[str, Any]
+
+    @classmethod
+    def choose(
+        cls, executor: str, gpus: int | None, gpu_mem_mib: int | None, say: Callable[[str], None]
+    ) -> _LocalSetup:
         inv = local_inventory()
         node = inv.nodes[0]
         chosen = choose_executor(executor if executor != "auto" else node.executor, say)
@@ -498,84 +403,70 @@ def up_local(
         gmem = gpu_mem_mib or node.gpu_mem_mib or DEFAULT_LOCAL_GPU_MEM_MIB
         gpu_text = f"{emulated} emulated x {gmem // 1024}GiB" if emulated else f"{real_gpus} (NVML)"
         say(f"gpus: {gpu_text}")
+        return cls(node, chosen, emulated, gmem, gpu_text, controller_config(inv, local_demo=True))
 
-        config = controller_config(inv, local_demo=True)
-        certs = ""
-        if curve:
-            from tangram_cli import keys
 
-            certs = str(keys.ensure_cluster_keys(cluster, [node.name]))
-            say(f"CURVE keys: {certs}")
-        proc, _argv, ports = start_controller(
-            cluster,
-            bind="127.0.0.1",
-            ports={"agents": 0, "submit": 0, "status": 0},
-            config=config,
-            certs=certs or None,
-        )
-        assert proc is not None
-        state = st.ClusterState(
-            name=cluster,
-            controller_pid=proc.pid,
-            bind="127.0.0.1",
-            advertise="127.0.0.1",
-            ports=ports,
-            started_at=time.time(),
-            inventory="<local default>",
-            executor=chosen,
-            gpus=gpu_text,
-            certs=certs,
-        )
-        say(f"controller pid {proc.pid} on {state.address}")
+def _start_fresh_controller(
+    cluster: str, setup: _LocalSetup, curve: bool, say: Callable[[str], None]
+) -> st.ClusterState:
+    certs = ""
+    if curve:
+        from tangram_cli import keys
 
-        cpus = online_cpus()
-        workdir = st.cluster_dir(cluster) / "agent"
-        workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        acfg = agent_config(
-            node,
-            cluster=cluster,
-            controller=state.agents_address,
-            workdir=str(workdir),
-            executor=chosen,
-            emulated_gpus=emulated,
-            gpu_mem_mib=gmem,
-            cpus=cpus,
-            idle_cpus=cpus[:1],
-            curve=_local_curve(certs, node.name) if certs else None,
-        )
-        cfg_path = workdir / "agent.json"
-        cfg_path.write_text(json.dumps(acfg, indent=2) + "\n")
-        agent_log = st.logs_dir(cluster) / f"agent-{node.name}.log"
-        aproc = spawn_detached([*AGENT_ARGV, "--config", str(cfg_path)], agent_log, cwd=workdir)
-        state.hosts = [
-            st.HostState(
-                name=node.name, host="127.0.0.1", connection="local", workdir=str(workdir), pid=aproc.pid
-            )
-        ]
-        st.write(state)
-        say(f"agent {node.name} pid {aproc.pid}")
+        certs = str(keys.ensure_cluster_keys(cluster, [setup.node.name]))
+        say(f"CURVE keys: {certs}")
+    restart.forget_controller_state(cluster)
+    proc, _argv, ports = procs.start_controller(
+        cluster,
+        bind="127.0.0.1",
+        ports={"agents": 0, "submit": 0, "status": 0},
+        config=setup.config,
+        certs=certs or None,
+    )
+    assert proc is not None
+    state = st.ClusterState(
+        name=cluster,
+        controller_pid=proc.pid,
+        bind="127.0.0.1",
+        advertise="127.0.0.1",
+        ports=ports,
+        started_at=time.time(),
+        inventory="<local default>",
+        executor=setup.executor,
+        gpus=setup.gpu_text,
+        certs=certs,
+    )
+    st.write(state)
+    say(f"controller pid {proc.pid} on {state.address}")
+    return state
 
-        def died() -> str | None:
-            if aproc.poll() is not None:
-                return f"agent exited with status {aproc.returncode}: {log_tail(agent_log, 1)}"
-            if proc.poll() is not None:
-                return f"controller exited with status {proc.returncode}"
-            return None
 
-        seen = wait_registered(
-            state.status_address, [node.name], timeout_s=timeout_s, alive=died, certs=certs or None
-        )
-        if not is_up(seen[node.name]):
-            reason = seen[node.name]
-            if reason == "waiting":
-                reason = f"agent did not register within {timeout_s:g}s"
-            raise BootstrapError(
-                f"local agent failed: {reason}",
-                hint=f"read {agent_log} and {st.logs_dir(cluster) / 'controller.log'}; "
-                "`tangram down` cleans up",
-                detail=log_tail(agent_log, 20),
-            )
-        return state, True
+def _start_first_agent(
+    state: st.ClusterState, setup: _LocalSetup, timeout_s: float, say: Callable[[str], None]
+) -> None:
+    node, cpus = setup.node, online_cpus()
+    workdir = st.cluster_dir(state.name) / "agent"
+    workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    acfg = agent_config(
+        node,
+        cluster=state.name,
+        controller=state.agents_address,
+        workdir=str(workdir),
+        executor=setup.executor,
+        emulated_gpus=setup.emulated,
+        gpu_mem_mib=setup.gpu_mem_mib,
+        cpus=cpus,
+        idle_cpus=cpus[:1],
+        curve=_local_curve(state.certs, node.name) if state.certs else None,
+    )
+    (workdir / "agent.json").write_text(json.dumps(acfg, indent=2) + "\n")
+    host = st.HostState(name=node.name, host="127.0.0.1", connection="local", workdir=str(workdir))
+    proc = procs.start_local_agent(state.name, host)
+    host.pid = proc.pid
+    state.hosts = [host]
+    st.write(state)
+    say(f"agent {node.name} pid {proc.pid}")
+    restart.wait_agents(state, [node.name], {node.name: proc}, None, timeout_s)
 
 
 def _local_curve(certs: str, node: str) -> dict[str, str]:
@@ -587,63 +478,6 @@ def _local_curve(certs: str, node: str) -> dict[str, str]:
         "controller_public": str(d / f"{keys.CONTROLLER}.key"),
         "secret": str(d / f"{keys.agent_role(node)}.key_secret"),
     }
-
-
-def _restart_dead_agent(
-    state: st.ClusterState, records: dict[str, Any], timeout_s: float, say: Callable[[str], None]
-) -> bool:
-    """The controller answers; start the local agent again (from its agent.json) if it died.
-    Returns True when an agent was started."""
-    del records  # the controller may not have noticed the death yet (3 missed heartbeats): trust pids
-    for h in state.hosts:
-        if h.connection != "local" or st.pid_alive(h.pid, ("agent",)):
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            if st.pid_alive(int((Path(h.workdir) / "agent.pid").read_text().strip()), ("agent",)):
-                continue
-        cfg = Path(h.workdir) / "agent.json"
-        if not cfg.is_file():
-            continue
-        say(f"agent {h.name} is not running; starting it again")
-        log = st.logs_dir(state.name) / f"agent-{h.name}.log"
-        proc = spawn_detached([*AGENT_ARGV, "--config", str(cfg)], log, cwd=Path(h.workdir))
-        h.pid = proc.pid
-        st.write(state)
-
-        def died(proc: subprocess.Popen[bytes] = proc, log: Path = log) -> str | None:
-            if proc.poll() is not None:
-                return f"agent exited with status {proc.returncode}: {log_tail(log, 1)}"
-            return None
-
-        seen = wait_registered(
-            state.status_address, [h.name], timeout_s=timeout_s, alive=died, certs=state.certs or None
-        )
-        if not is_up(seen[h.name]):
-            raise BootstrapError(
-                f"local agent failed: {seen[h.name]}", hint=f"read {log}", detail=log_tail(log, 20)
-            )
-        return True
-    return False
-
-
-def stop_local_agents(state: st.ClusterState, timeout_s: float = 10.0, grace_s: float = 5.0) -> list[str]:
-    """Give local agents ``grace_s`` to finish their own shutdown (the controller sent them
-    ``Shutdown``), then SIGTERM and SIGKILL those still running (by recorded pid or agent.pid)."""
-    stopped = []
-    for h in state.hosts:
-        if h.connection != "local":
-            continue
-        pids = {h.pid}
-        with contextlib.suppress(OSError, ValueError):
-            pids.add(int((Path(h.workdir) / "agent.pid").read_text().strip()))
-        for pid in pids:
-            if pid is None or not st.pid_alive(pid, ("agent",)):
-                continue
-            if _wait_gone(pid, grace_s):
-                continue
-            if terminate(pid, timeout_s=timeout_s, words=("agent",)) != "gone":
-                stopped.append(f"{h.name} (pid {pid})")
-    return stopped
 
 
 def remove_labelled_containers(cluster: str) -> int:

@@ -31,7 +31,7 @@ import click
 from tangram.errors import BootstrapError, TangramError
 from tangram_cli import state as st
 from tangram_cli.bootstrap import bundle as bdl
-from tangram_cli.bootstrap import local, plan
+from tangram_cli.bootstrap import local, plan, procs, restart
 
 MIN_PYTHON = (3, 10)
 
@@ -350,33 +350,15 @@ def up_command(
         from tangram_cli import keys
 
         certs = str(keys.ensure_cluster_keys(inv.cluster, [n.name for n in inv.nodes]))
-        if state is not None and state.controller_alive():
-            if not quiet:
-                err.print(f"cluster {inv.cluster}: controller already running (pid {state.controller_pid})")
-        else:
-            if state is not None:
-                st.remove(inv.cluster)
-            ctl = inv.controller
-            ports = {"agents": ctl.ports.agents, "submit": ctl.ports.submit, "status": ctl.ports.status}
-            proc, _argv, got = local.start_controller(
-                inv.cluster, bind=ctl.bind, ports=ports, config=local.controller_config(inv), certs=certs
-            )
-            assert proc is not None
-            state = st.ClusterState(
-                name=inv.cluster,
-                controller_pid=proc.pid,
-                bind=ctl.bind,
-                advertise=ctl.advertise,
-                ports=got,
-                started_at=time.time(),
-                inventory=str(path),
-                bundle=bundle.digest,
-                certs=certs,
-            )
-            if not quiet:
-                err.print(
-                    f"controller pid {proc.pid}: agents {state.agents_address}, clients {state.address}"
-                )
+        state, _restarted = restart.inventory_controller(
+            inv,
+            state,
+            config=local.controller_config(inv),
+            certs=certs,
+            inventory=str(path),
+            bundle=bundle.digest,
+            say=(lambda _m: None) if quiet else err.print,
+        )
         known = {h.name: h for h in state.hosts}
         previous = set(known)
         for n in nodes:
@@ -428,7 +410,7 @@ def up_command(
                 def controller_dead() -> str | None:
                     return None if state.controller_alive() else "the controller exited"
 
-                seen = local.wait_registered(
+                seen = procs.wait_registered(
                     state.status_address,
                     pending,
                     timeout_s=timeout_s,
@@ -439,7 +421,7 @@ def up_command(
                 for name in pending:
                     r = results[name]
                     r.step = "wait"
-                    if local.is_up(seen[name]):
+                    if procs.is_up(seen[name]):
                         r.ok, r.step = True, "registered"
                     else:
                         why = seen[name]

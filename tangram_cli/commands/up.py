@@ -2,7 +2,8 @@
 
 Without an inventory (no argument, no ``-i``, no ``TANGRAM_INVENTORY``) it starts the local
 default: controller plus one agent on this machine (bootstrap/local.py). With one it bootstraps
-every host over SSH (bootstrap/remote.py). Exit codes: 0 up, 1 failed, 2 bad inventory or
+every host over SSH (bootstrap/remote.py). A controller that died is restarted in place, on its
+recorded ports (bootstrap/restart.py). Exit codes: 0 up, 1 failed, 2 bad inventory or
 usage, 3 some hosts failed (with ``--allow-partial``).
 """
 
@@ -39,9 +40,13 @@ def _duration_s(value: str) -> float:
         raise ConfigError(f"--timeout: {exc}", hint="write e.g. --timeout 300s") from None
 
 
-def print_ready(state: st.ClusterState, *, started: bool) -> None:
+def print_ready(state: st.ClusterState, *, started: bool, how: str = "", summary: str | None = None) -> None:
+    """The closing lines of `up`. ``how``: "started", "running" or "restarted" (in place)."""
     agents = len(state.hosts)
-    verb = "is up" if started else "is already running"
+    how = how or ("started" if started else "running")
+    verb = {"started": "is up", "restarted": "is up again", "running": "is already running"}.get(how, "is up")
+    if summary:
+        click.echo(summary)
     click.echo(
         f"cluster {state.name} {verb}: controller {state.address} (pid {state.controller_pid}), "
         f"{agents} agent{'s' if agents != 1 else ''}"
@@ -85,9 +90,7 @@ def print_ready(state: st.ClusterState, *, started: bool) -> None:
 @click.option(
     "--gpu-mem", default=None, metavar="SIZE", help="Local default: memory per emulated GPU (80GiB)."
 )
-@click.option(
-    "--curve", is_flag=True, help="Local default: use CURVE keys too (an inventory always does)."
-)
+@click.option("--curve", is_flag=True, help="Local default: use CURVE keys too (an inventory always does).")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.pass_context
 def command(
@@ -112,7 +115,8 @@ def command(
 
     Blocks until every agent has registered with the controller, then prints the
     `export TANGRAM_ADDR=...` line rollout jobs need. Re-running it on a running cluster
-    changes nothing.
+    changes nothing but starting dead agents again; after a controller crash it restarts the
+    controller on the same ports (running agents and clients reconnect to it).
     """
     if inventory and inventory_opt and inventory != inventory_opt:
         raise click.UsageError("give the inventory once: as an argument or with -i")
@@ -137,38 +141,44 @@ def command(
             _stay(remote.cluster_name(path))
         sys.exit(code)
 
-    from tangram_cli.bootstrap import local
-
     if dry_run:
         click.echo(
             "local default: start `tangram controller` on 127.0.0.1 (free ports) and one agent "
             "(`python -m agent`) on this machine; no SSH"
         )
         return
-    quiet = output == "json"
+    name = _up_local(executor, gpus, gpu_mem, min(timeout_s, 120.0), curve, quiet=output == "json")
+    if foreground:
+        _stay(name)
+
+
+def _up_local(
+    executor: str, gpus: int | None, gpu_mem: str | None, timeout_s: float, curve: bool, *, quiet: bool
+) -> str:
+    """The local default: start, keep or restart it in place; print the outcome. Returns its name."""
+    from tangram_cli.bootstrap import local
 
     def say(msg: str) -> None:
         if not quiet:
             click.echo(f"  {msg}", err=True)
 
     if not quiet:
-        click.echo("starting the local cluster (controller + 1 agent on this machine)...", err=True)
-    state, started = local.up_local(
+        click.echo("tangram up: the local cluster (controller + 1 agent on this machine)...", err=True)
+    result = local.bring_up_local(
         executor=executor,
         gpus=gpus,
         gpu_mem_mib=_gpu_mem(gpu_mem),
-        timeout_s=min(timeout_s, 120.0),
+        timeout_s=timeout_s,
         on_event=say,
         curve=curve,
     )
     if quiet:
         import json
 
-        click.echo(json.dumps({**state.to_dict(), "started": started}, sort_keys=True))
+        click.echo(json.dumps(result.to_dict(), sort_keys=True))
     else:
-        print_ready(state, started=started)
-    if foreground:
-        _stay(state.name)
+        print_ready(result.state, started=result.started, how=result.how, summary=result.summary())
+    return result.state.name
 
 
 def _stay(name: str) -> None:
