@@ -61,13 +61,18 @@ def remove_pidfile(path: str) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (killed, not yet reaped by its parent) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def build_facts(cfg: AgentConfig, machine: Any, cpus: list[int], idle: list[int], executor_kind: str,
@@ -104,10 +109,12 @@ def build_executor(cfg: AgentConfig, docker_ok: bool, idle: list[int]) -> tuple[
         client = docker.from_env(timeout=60)
         if cfg.image == HOSTROOT_IMAGE:
             ensure_hostroot_image(client)
-        return DockerExecutor(client, cfg.cluster, format_cpuset(idle), cfg.image, mode=cfg.docker_mode), kind
+        return DockerExecutor(client, cfg.cluster, format_cpuset(idle), cfg.image, mode=cfg.docker_mode,
+                              node=cfg.name), kind
     from agent.executors.process import ProcessExecutor
 
-    return ProcessExecutor(os.path.join(cfg.workdir, "sandboxes"), format_cpuset(idle)), kind
+    return ProcessExecutor(os.path.join(cfg.workdir, "sandboxes"), format_cpuset(idle), cluster=cfg.cluster,
+                           node=cfg.name), kind
 
 
 def build_gpu_host(cfg: AgentConfig, machine: Any) -> tuple[Any, list[Any]]:
@@ -154,11 +161,25 @@ async def run_agent(cfg: AgentConfig) -> int:
     pidfile = cfg.pidfile()
     write_pidfile(pidfile)
     try:
+        await recover(executor)
         code = await agent.run()
     finally:
         await agent.close()
         remove_pidfile(pidfile)
     return code
+
+
+async def recover(executor: Any) -> None:
+    """Before the first Hello, so before any core is offered: kill the actions an earlier incarnation of this
+    node left running (its sandboxes stay, for the controller to adopt or destroy). Failures are logged: a
+    node that cannot clean up still serves (what it could not kill is in the log)."""
+    fn = getattr(executor, "recover", None)
+    if fn is None:
+        return
+    try:
+        await fn()
+    except Exception:  # e.g. dockerd errors: the agent still starts
+        log.exception("recovery of an earlier agent's actions failed")
 
 
 def main(cfg: AgentConfig) -> int:

@@ -24,10 +24,11 @@ import os
 import shutil
 import stat
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import archive, fastpath, fastrun
+from . import archive, fastpath, fastrun, leftovers
 from .base import (
     DEFAULT_GET_CAP,
     WORKDIR,
@@ -52,6 +53,7 @@ from .spawner import Spawner, container_config
 
 LABEL_CLUSTER = "tangram.cluster"
 LABEL_SANDBOX = "tangram.sandbox"
+LABEL_NODE = "tangram.node"  # the agent (node name) that created it: a restarted agent cleans only its own
 KILL_GRACE_S = 5.0
 SPAWNER_TRIES = 3  # spawner starts that may fail per sandbox before it keeps to the nsenter path
 log = logging.getLogger("agent.executors.docker")
@@ -61,14 +63,18 @@ def container_name(cluster: str, sandbox: str) -> str:
     return f"tangram-{cluster}-{sandbox}"
 
 
-def container_kwargs(spec: SandboxSpec, cluster: str, idle_cpus: str, image: str) -> dict[str, Any]:
+def container_kwargs(spec: SandboxSpec, cluster: str, idle_cpus: str, image: str,
+                     node: str = "") -> dict[str, Any]:
     """Pure: the ``containers.run`` arguments for a sandbox."""
     mem = f"{spec.mem_mib}m"
+    labels = {**spec.labels, LABEL_CLUSTER: cluster, LABEL_SANDBOX: spec.sandbox}
+    if node:
+        labels[LABEL_NODE] = node
     kw: dict[str, Any] = dict(
         image=image, command=["sleep", "infinity"], name=container_name(cluster, spec.sandbox), detach=True,
         init=True, network_mode="none", mem_limit=mem, memswap_limit=mem, pids_limit=spec.pids_limit,
         cap_drop=["ALL"], security_opt=["no-new-privileges"], cpuset_cpus=idle_cpus, working_dir=WORKDIR,
-        labels={**spec.labels, LABEL_CLUSTER: cluster, LABEL_SANDBOX: spec.sandbox},
+        labels=labels,
     )
     if spec.user is not None:
         kw["user"] = spec.user
@@ -118,7 +124,8 @@ def _env_list_to_dict(env: list[str] | None) -> dict[str, str]:
 
 class DockerExecutor:
     def __init__(self, client: Any, cluster: str, idle_cpus: str, image_default: str = HOSTROOT_IMAGE,
-                 mode: str = "auto", spawner: bool = True) -> None:
+                 mode: str = "auto", spawner: bool = True, node: str = "") -> None:
+        """``node``: the agent's node name, labelled on the containers it creates (``LABEL_NODE``)."""
         if mode not in ("auto", "fastpath", "docker"):
             raise ValueError(f"`mode` must be auto, fastpath or docker, got {mode!r}")
         self.client, self.cluster, self.image_default = client, check_name("cluster", cluster), image_default
@@ -129,6 +136,7 @@ class DockerExecutor:
             raise ExecutorError("fastpath needs root and nsenter")
         self.fast = mode == "fastpath" or (mode == "auto" and fast_ok)
         self.mode = mode
+        self.node = node
         self.use_spawner = spawner and self.fast and hasattr(os, "pidfd_open")
         self._sandboxes: dict[str, _Sandbox] = {}
         self._actions: dict[str, _Action] = {}
@@ -137,7 +145,7 @@ class DockerExecutor:
 
     async def create_sandbox(self, spec: SandboxSpec) -> None:
         check_name("sandbox", spec.sandbox)
-        kw = container_kwargs(spec, self.cluster, self.idle_cpus, spec.image or self.image_default)
+        kw = container_kwargs(spec, self.cluster, self.idle_cpus, spec.image or self.image_default, self.node)
         container = await asyncio.to_thread(self.client.containers.run, **kw)
         try:
             owner = parse_owner(spec.user)
@@ -179,7 +187,7 @@ class DockerExecutor:
             sb.spawner = None
             try:
                 sb.spawner = await Spawner.start(container_config(
-                    sb.pid, sb.cid, home=fastpath.procs_file(sb.cg.cpuset),
+                    sb.pid, sb.cid, home=fastpath.join_file(sb.cg.cpuset, sb.cg.v2),
                     join=[fastpath.procs_file(d) for d in sb.cg.others], user=sb.owner))
             except (ExecutorError, OSError) as exc:
                 sb.spawner_failures += 1
@@ -219,6 +227,33 @@ class DockerExecutor:
         flt = {"label": [f"{LABEL_CLUSTER}={self.cluster}"]}
         found = await asyncio.to_thread(self.client.containers.list, all=True, filters=flt)
         return sorted(c.labels.get(LABEL_SANDBOX, "") for c in found)
+
+    async def recover(self) -> leftovers.Leftovers:
+        """Before the agent says Hello: kill the actions an earlier agent of this node left running in its
+        containers (see ``leftovers``); the containers and their files stay, for the controller to adopt."""
+        found = await asyncio.to_thread(self._recover)
+        log.info("recovery: %d running sandboxes of this node checked: %d processes killed in %d action "
+                 "cgroups, %d old spawners and %d docker execs killed", found.containers, found.processes,
+                 found.slots, found.spawners, found.execs)
+        return found
+
+    def _recover(self) -> leftovers.Leftovers:
+        flt = {"label": [f"{LABEL_CLUSTER}={self.cluster}"], "status": "running"}
+        mine = [c for c in self.client.containers.list(filters=flt)  # no node label: made before labels
+                if c.labels.get(LABEL_NODE) in (None, self.node)]
+
+        def one(c: Any) -> leftovers.Leftovers:
+            try:
+                return leftovers.reap_container(self.client.api, c.id, self.fast)
+            except Exception as exc:  # noqa: BLE001 - e.g. removed meanwhile
+                log.warning("recovery: cannot check sandbox container %s: %s", c.name, exc)
+                return leftovers.Leftovers()
+
+        out = leftovers.Leftovers()
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="recover") as pool:  # an inspect per box
+            for found in pool.map(one, mine):
+                out.add(found)
+        return out
 
     async def close(self) -> None:
         for action in list(self._actions):
@@ -309,17 +344,8 @@ class DockerExecutor:
         return timed_out
 
     async def _kill_docker(self, act: _Action, exec_id: str) -> None:
-        info = await asyncio.to_thread(self.client.api.exec_inspect, exec_id)
-        host_pid = int(info.get("Pid") or 0)
-        if not info.get("Running") or host_pid <= 0:
-            return
-        ns_pid = _ns_pid(host_pid)
-        if ns_pid is None:
-            return
-        kill_id = (await asyncio.to_thread(
-            self.client.api.exec_create, act.sandbox.cid, ["kill", "-9", "--", f"-{ns_pid}"],
-            user=act.sandbox.user or ""))["Id"]
-        await asyncio.to_thread(self.client.api.exec_start, kill_id)
+        await asyncio.to_thread(leftovers.kill_exec, self.client.api, act.sandbox.cid, act.sandbox.user or "",
+                                exec_id)
 
     async def kill(self, action: str) -> bool:
         act = self._actions.get(action)
@@ -388,12 +414,3 @@ def _close_exec_socket(sock: Any) -> None:
                 obj.close()
 
 
-def _ns_pid(host_pid: int) -> int | None:
-    try:
-        with open(f"/proc/{host_pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except OSError:
-        return None
-    return None

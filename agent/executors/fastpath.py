@@ -215,6 +215,12 @@ def procs_file(cg_dir: str) -> str:
     return os.path.join(cg_dir, "cgroup.procs")
 
 
+def join_file(cg_dir: str, v2: bool) -> str:
+    """Where the (single-threaded) spawner writes ``0`` to move itself: v1 ``tasks``, which skips the
+    kernel's global threadgroup lock (see ``cgroups.join_file``), v2 ``cgroup.procs``."""
+    return os.path.join(cg_dir, "cgroup.procs" if v2 else "tasks")
+
+
 def cgroup_pids(cg_dir: str) -> list[int]:
     try:
         return [int(x) for x in _read(procs_file(cg_dir)).split()]

@@ -86,7 +86,7 @@ async def run_spawned(req: RunRequest, act: FastAction, sb: Any, t0: float) -> R
     io: ChildIO | None = None
     try:
         io = ChildIO(req.output_cap, req.stdin)
-        procs = os.open(fastpath.procs_file(act.sub_cg), os.O_WRONLY | os.O_CLOEXEC)
+        procs = os.open(fastpath.join_file(act.sub_cg, sb.cg.v2), os.O_WRONLY | os.O_CLOEXEC)
         try:
             act.spawner = sb.spawner
             act.job = sb.spawner.spawn([SHELL, "-c", cmd], env, (*io.child_fds, procs))

@@ -6,7 +6,10 @@ works, Python in the image or not). Two modes (``CONFIG["mode"]``):
 
 * ``plain`` (the process executor, one per agent): each request names the action's working directory and
   cores; the spawner (single-threaded, so both are its own to change) moves there and pins itself to the
-  cores, then ``posix_spawn``s the command, which inherits both (pinned from its first instruction).
+  cores, then ``posix_spawn``s the command, which inherits both (pinned from its first instruction). With
+  action cgroups (``CONFIG["home"]``: the ``cgroup.procs`` of the spawner's own cgroup, joined at start),
+  a request may bring the ``cgroup.procs`` of the action's cgroup: the spawner moves itself in for the
+  ``posix_spawn`` and back home after, as in container mode, so the action cannot start outside it.
 * ``container`` (the Docker fast path, one per sandbox). At start, while still root in the host's mount
   namespace, it
 
@@ -33,17 +36,20 @@ container's init exits); leaving, it kills the process groups of the actions sti
 one per datagram):
 
 * ``{"op": "spawn", "id": N, "argv": [...], "env": {...}, "cwd": DIR, "cores": [...]}`` (``cwd`` and
-  ``cores``: plain mode) with fds ``[stdin, stdout, stderr]`` (+ the sub-cgroup's ``cgroup.procs``,
-  container mode): ``posix_spawn`` (vfork: no page-table copy) in a new session, with those stdio, default
-  signal dispositions and an empty mask. Replies ``{"id": N, "exit": code}`` (-N: killed by signal N) once
-  it exited, *after* SIGKILLing what is left of its process group, or ``{"id": N, "error": "..."}`` when
-  it could not start.
-* ``{"op": "kill", "id": N}``: SIGKILL the action's process group (container mode: the agent also kills
-  its sub-cgroup, which holds the whole tree). No reply. The spawner is the parent: the pid cannot have
+  ``cores``: plain mode) with fds ``[stdin, stdout, stderr]`` (+ the action cgroup's ``cgroup.procs``:
+  container mode always, plain mode with a ``home``): ``posix_spawn`` (vfork: no page-table copy) in a new
+  session, with those stdio, default signal dispositions and an empty mask. Replies ``{"id": N, "exit":
+  code}`` (-N: killed by signal N) once it exited, *after* SIGKILLing what is left of its process group, or
+  ``{"id": N, "error": "..."}`` when it could not start.
+* ``{"op": "kill", "id": N}``: SIGKILL the action's process group (with a cgroup, the agent kills the rest
+  of the tree through it when the action ends). No reply. The spawner is the parent: the pid cannot have
   been reused.
 
 The cgroup moves work without privileges because cgroup v1 and v2 check the credentials the
-``cgroup.procs`` file was *opened* with (root: the agent, or the spawner before step 4).
+``cgroup.procs`` file was *opened* with (root: the agent, or the spawner before step 4). On v1 the per-action
+files (the action's and ``home``) are ``tasks`` files instead: writing ``0`` there moves only the calling
+thread, which is the whole spawner (it never starts a thread), without the kernel's global threadgroup
+lock, whose write side waits for an RCU grace period after a quiet spell (~10 ms per move).
 
 Security: only the agent holds the other end of the socket (inherited, no path on any file system), and the
 spawner has nothing sandbox code does not have. Docker's seccomp and AppArmor profiles are not applied to
@@ -134,14 +140,23 @@ def drop_privileges(user, cap_last):
     check(libc.capset(ctypes.byref(header), data), "capset")  # permitted or inheritable, root or not
 
 
+def plain_setup(cfg):
+    """Plain mode: join the spawner's own cgroup (``CONFIG["home"]``) when there is one; its fd or None."""
+    if not cfg.get("home"):
+        return None
+    home = os.open(cfg["home"], os.O_WRONLY | os.O_CLOEXEC)
+    os.write(home, b"0")
+    return home
+
+
 class Server:
-    def __init__(self, sock, init_fd=None, home_fd=None):
-        self.sock, self.init_fd, self.home_fd = sock, init_fd, home_fd
+    def __init__(self, sock, init_fd=None, home_fd=None, plain=False):
+        self.sock, self.init_fd, self.home_fd, self.plain = sock, init_fd, home_fd, plain
         self.poll = select.epoll()
         self.poll.register(sock.fileno(), select.EPOLLIN)
         if init_fd is not None:
             self.poll.register(init_fd, select.EPOLLIN)
-        self.nfds = 3 if home_fd is None else 4
+        self.nfds = (3,) if home_fd is None else (3, 4) if plain else (4,)
         self.children = {}  # pidfd -> (request id, pid)
         self.by_id = {}  # request id -> pid, until reaped
         self.sigdef = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT)  # Python ignores (or handles) these
@@ -184,7 +199,7 @@ class Server:
                 os.close(fd)
 
     def spawn(self, req, fds):
-        if len(fds) != self.nfds:
+        if len(fds) not in self.nfds:
             self.send({"id": req.get("id"), "error": f"expected {self.nfds} descriptors, got {len(fds)}"})
             return
         try:
@@ -202,11 +217,12 @@ class Server:
     def start(self, req, fds):
         """Start the action; its pid, or None when its program cannot run (reported as a shell would)."""
         stdio = [(os.POSIX_SPAWN_DUP2, fd, i) for i, fd in enumerate(fds[:3])]
-        if self.home_fd is None:  # plain: where and on which cores, for the child to inherit
+        if self.plain:  # where and on which cores, for the child to inherit
             os.chdir(req["cwd"])
             os.sched_setaffinity(0, req["cores"])
-        else:
-            os.write(fds[3], b"0")  # into the action's sub-cgroup: the child starts there
+        moved = len(fds) > 3
+        if moved:
+            os.write(fds[3], b"0")  # into the action's (sub-)cgroup: the child starts there
         try:
             return os.posix_spawn(req["argv"][0], req["argv"], req["env"], setsid=True, file_actions=stdio,
                                   setsigdef=self.sigdef, setsigmask=())
@@ -216,8 +232,15 @@ class Server:
             self.send({"id": req["id"], "exit": 127 if isinstance(exc, FileNotFoundError) else 126})
             return None
         finally:
-            if self.home_fd is not None:
-                os.write(self.home_fd, b"0")  # and back
+            if moved:
+                self.go_home()
+
+    def go_home(self):
+        """Back to the spawner's own cgroup after a spawn (stuck in the action's, it would die with it)."""
+        try:
+            os.write(self.home_fd, b"0")
+        except OSError:
+            raise SystemExit(1) from None  # the agent starts a new spawner
 
     def reap(self, pidfd):
         rid, pid = self.children.pop(pidfd)
@@ -250,7 +273,10 @@ def main():
     sock = socket.socket(fileno=SOCK_FD)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent's terminal ^C is for the agent
     try:
-        server = Server(sock, *setup(cfg)) if cfg.get("mode") == "container" else Server(sock)
+        if cfg.get("mode") == "container":
+            server = Server(sock, *setup(cfg))
+        else:
+            server = Server(sock, None, plain_setup(cfg), plain=True)
     except Exception as exc:  # noqa: BLE001 - tell the agent why, then leave
         sock.send(json.dumps({"failed": f"{type(exc).__name__}: {exc}"}).encode())
         return 1

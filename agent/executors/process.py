@@ -5,11 +5,17 @@ The command is started by the agent's spawner (``spawner``/``nsspawner``, plain 
 moves to the sandbox directory, pins itself to the cores and ``posix_spawn``s, so the agent's own thread
 never migrates or waits for a vfork), and reported back when it exits. Without a spawner (it could not start,
 or died), the agent spawns itself (``spawn.spawn_pinned``: the spawning thread's affinity is inherited, no
-``taskset`` exec) and watches the child through a pidfd. Either way, what the action leaves in its process
-group is killed when it ends.
+``taskset`` exec) and watches the child through a pidfd.
 
-Isolation is best effort: memory is limited with ``prlimit --as`` where available and asked for, there is no
-network or filesystem isolation, and a ``setsid`` daemon can escape the process-group kill.
+Each action lives in a cgroup of its own (``cgroups``: v1 freezer or pids, or v2), which it is in before it
+execs: the spawner moves itself in for the spawn, and the fallback's shell moves itself in first. When the
+action ends (exit, kill, timeout), everything in the cgroup is killed (``setsid`` daemons too); an emptied
+cgroup is kept for the next action. ``recover`` kills what an earlier agent of this node left running. Where
+cgroups cannot be used (not root, not mounted) the executor says so once and kills the action's process group
+only, as before.
+
+Isolation is best effort: memory is limited with ``prlimit --as`` where available and asked for, and there is
+no network or filesystem isolation.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ from .base import (
     split_relpath,
     write_nofollow,
 )
+from .cgroups import ActionCgroups, Hierarchy, Reaped, join_file
 from .spawn import ChildIO, ExitWatch, kill_group, spawn_pinned
 from .spawner import Job, Spawner, plain_config
 
@@ -52,6 +59,15 @@ def process_argv(cmd: str, mem_mib: int | None, prlimit: str | None) -> list[str
     return [*argv, "/bin/sh", "-c", cmd]
 
 
+JOIN_SELF = 'echo 0 > "$0" || exit 125; exec "$@"'
+
+
+def joining_argv(join: str, argv: list[str]) -> list[str]:
+    """Pure: ``argv`` behind a shell that first moves itself into a cgroup (``join``: its ``join_file``) and
+    then execs it (for the agent's own spawns; the spawner moves itself instead)."""
+    return ["/bin/sh", "-c", JOIN_SELF, join, *argv]
+
+
 @dataclass
 class _Action:
     pid: int = 0  # spawned by the agent itself
@@ -60,6 +76,7 @@ class _Action:
     killed: bool = False
     timed_out: bool = False
     reaped: bool = False  # after this the pid may be reused: never signal it again
+    cg: str | None = None  # the action's cgroup, until removed
 
     def kill(self) -> None:
         self.killed = True
@@ -77,7 +94,10 @@ class _Action:
 
 
 class ProcessExecutor:
-    def __init__(self, root_dir: str, idle_cpus: str, mem_limit: bool = False, spawner: bool = True) -> None:
+    def __init__(self, root_dir: str, idle_cpus: str, mem_limit: bool = False, spawner: bool = True, *,
+                 cluster: str = "default", node: str = "local", cgroups: bool | Hierarchy = True) -> None:
+        """``cluster``, ``node``: where the action cgroups live (see ``cgroups``); ``cgroups``: False for
+        none, True for the hierarchy ``cgroups.discover`` picks, or a given one."""
         self.root = os.path.abspath(root_dir)
         os.makedirs(self.root, mode=0o755, exist_ok=True)
         self.idle = parse_cpuset(idle_cpus)
@@ -90,6 +110,10 @@ class ProcessExecutor:
         self._spawner: Spawner | None = None
         self._spawner_lock: asyncio.Lock | None = None
         self._spawner_failures = 0
+        self.cgroups: ActionCgroups | None = None
+        if cgroups:
+            given = cgroups if isinstance(cgroups, Hierarchy) else None
+            self.cgroups = ActionCgroups.open(cluster, node, given)
 
     async def _live_spawner(self) -> Spawner | None:
         """The agent's spawner, started on first use; None: spawn from the agent."""
@@ -101,7 +125,8 @@ class ProcessExecutor:
         async with self._spawner_lock:
             if self._spawner is None or not self._spawner.alive:
                 try:
-                    self._spawner = await Spawner.start(plain_config())
+                    home = join_file(self.cgroups.h, self.cgroups.spawner) if self.cgroups else None
+                    self._spawner = await Spawner.start(plain_config(home))
                 except (ExecutorError, OSError) as exc:
                     self._spawner_failures += 1
                     log.warning("no spawner (%s): the agent spawns actions itself", exc)
@@ -137,36 +162,74 @@ class ProcessExecutor:
         spawner = await self._live_spawner()
         act = self._actions[req.action] = _Action()
         try:
+            if self.cgroups is not None:
+                act.cg = self.cgroups.take()
             if spawner is not None:
                 return await self._run_spawned(req, act, spawner, argv, env, cwd, t0)
             return await self._run_here(req, act, argv, env, cwd, t0)
         finally:
-            del self._actions[req.action]
+            try:
+                await self._end_cgroup(act)  # (done already, unless the run failed or was cancelled)
+            finally:
+                del self._actions[req.action]
+
+    async def _end_cgroup(self, act: _Action) -> None:
+        """Kill what the action left in its cgroup (setsid daemons too): an empty one goes back to the pool at
+        once; one with processes left is emptied and removed in a worker thread. Idempotent."""
+        cg, act.cg = act.cg, None
+        if cg is None or self.cgroups is None:
+            return
+        pending = act.job is not None and not act.job.exit.done()  # cancelled: the spawn may still come
+        if not pending and self.cgroups.give_back(cg):
+            return
+        spare = (act.spawner.pid,) if act.spawner is not None else ()  # it passes through while spawning
+        try:
+            left = await asyncio.to_thread(self.cgroups.remove, cg, spare)
+        except OSError as exc:
+            log.error("cannot clean up the cgroup of an action: %s", exc)
+            return
+        log.debug("killed %d processes left by the action in %s", left, cg)
 
     async def _run_spawned(self, req: RunRequest, act: _Action, spawner: Spawner, argv: list[str],
                            env: dict[str, str], cwd: str, t0: float) -> RunResult:
         io = ChildIO(req.output_cap, req.stdin)
         try:
             act.spawner = spawner
-            act.job = spawner.spawn(argv, env, io.child_fds, cwd=cwd, cores=sorted(req.cores))
+            act.job = self._send_spawn(act, spawner, argv, env, io.child_fds, cwd, req.cores)
             # The deadline only sends the kill: the exit it causes is what this waits for, as for any exit.
             io.start(req.timeout_s, act.time_out)
             if act.killed:  # a Kill that came while the request was being sent
                 act.kill()
             setup_s = time.monotonic() - t0
             try:
-                returncode = await act.job.exit  # the spawner killed the leftovers before it reaped
+                returncode = await act.job.exit  # the spawner killed its process group before it reaped
             except asyncio.CancelledError:
                 act.stop()  # it must not outlive the request
                 raise
+            await self._end_cgroup(act)  # the rest of the tree: its output ends with it
             await io.wait_eof(KILL_GRACE_S)
         finally:
             io.close()
         return self._result(req, io, returncode, act.timed_out, act, t0, setup_s)
 
+    def _send_spawn(self, act: _Action, spawner: Spawner, argv: list[str], env: dict[str, str],
+                    fds: tuple[int, ...], cwd: str, cores: tuple[int, ...]) -> Job:
+        """The spawn request, with the action's cgroup (its ``join_file``) for the spawner to move into."""
+        if act.cg is None:
+            return spawner.spawn(argv, env, fds, cwd=cwd, cores=sorted(cores))
+        assert self.cgroups is not None
+        procs = os.open(join_file(self.cgroups.h, act.cg), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            return spawner.spawn(argv, env, (*fds, procs), cwd=cwd, cores=sorted(cores))
+        finally:
+            os.close(procs)
+
     async def _run_here(self, req: RunRequest, act: _Action, argv: list[str], env: dict[str, str], cwd: str,
                         t0: float) -> RunResult:
         io = ChildIO(req.output_cap, req.stdin)
+        if act.cg is not None:
+            assert self.cgroups is not None
+            argv = joining_argv(join_file(self.cgroups.h, act.cg), argv)
         try:
             act.pid = spawn_pinned(argv, env=env, cwd=cwd, cores=req.cores, fds=io.child_fds)
         except BaseException:
@@ -186,6 +249,7 @@ class ProcessExecutor:
                 await watch.wait(None)
                 act.reaped = True
                 returncode = watch.reap()
+                await self._end_cgroup(act)
                 await io.wait_eof(KILL_GRACE_S)
             finally:
                 watch.close()
@@ -221,6 +285,19 @@ class ProcessExecutor:
             await asyncio.wait(exits, timeout=KILL_GRACE_S)
         if self._spawner is not None:
             await self._spawner.close()
+        if self.cgroups is not None:
+            await asyncio.to_thread(self.cgroups.close)
+
+    async def recover(self) -> Reaped | None:
+        """Before the agent says Hello: kill and remove what earlier agents of this node left in their action
+        cgroups (the sandbox directories stay). None without action cgroups."""
+        if self.cgroups is None:
+            return None
+        found = await asyncio.to_thread(self.cgroups.reap_predecessors)
+        log.info("recovery: %d earlier agents of this node found, %d processes killed in %d of their "
+                 "cgroups%s", found.incarnations, found.processes, found.cgroups,
+                 f"; {found.skipped} of a live agent left alone" if found.skipped else "")
+        return found
 
 
 def _base_env() -> dict[str, str]:

@@ -38,8 +38,9 @@ class SpawnerLost(ExecutorError):
     pass
 
 
-def plain_config() -> dict[str, Any]:
-    return {"mode": "plain"}
+def plain_config(home: str | None = None) -> dict[str, Any]:
+    """``home``: the ``cgroup.procs`` of the spawner's own cgroup (with action cgroups), joined at start."""
+    return {"mode": "plain", "home": home} if home else {"mode": "plain"}
 
 
 def container_config(container_pid: int, cid: str, *, home: str, join: list[str],
@@ -93,7 +94,8 @@ class Spawner:
         return sp
 
     def spawn(self, argv: list[str], env: dict[str, str], fds: tuple[int, ...], **where: Any) -> Job:
-        """Send one spawn request (``where``: ``cwd`` and ``cores`` in plain mode); raises SpawnerLost, or
+        """Send one spawn request (``where``: ``cwd`` and ``cores`` in plain mode; ``fds``: stdin, stdout,
+        stderr, and the ``cgroup.procs`` of the action's cgroup where it has one); raises SpawnerLost, or
         ExecutorError when it is too large to send."""
         if not self.alive:
             raise SpawnerLost("the spawner is gone")
