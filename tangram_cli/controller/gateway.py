@@ -27,17 +27,18 @@ Rules (docs/protocol.md, "Controller behaviour"):
    and is retried on the client's next message or heartbeat; when the outbox is full, the
    client's unfinished actions are cancelled (their errors, like every final reply, stay in
    the reply cache for a resent request).
+
+Layout: this module reads requests and runs the per-request handlers; `replies.py` (mixed in)
+keeps the reply cache, the outboxes and the caps (rules 1, 2 and 6), and `answers.py` (mixed in)
+turns the core's verdicts on actions into final replies.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import secrets
-from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -49,43 +50,29 @@ from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, Elasticity, Kind
 from tangram.core.resources import CPU, GPU, Demand, api_resource
 from tangram.errors import BadRequest, InternalError, NodeLost, ProtocolError, SandboxLost, TangramError
-from tangram.outcomes import CallOutcome, ExecOutcome
 from tangram_cli.controller.agents import AgentLink
+from tangram_cli.controller.answers import KILL_CODES, Answers
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.ledger import Ledger
-from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord, encode_to
-from tangram_cli.controller.wire import send_now, serve, shadow
+from tangram_cli.controller.replies import (
+    CACHE_MAX,
+    CACHE_TTL_S,
+    MAX_OUTBOX_BYTES,
+    CacheEntry,
+    ClientState,
+    Replies,
+)
+from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord
+from tangram_cli.controller.wire import serve, shadow
 
 log = logging.getLogger("tangram.controller.gateway")
 
-CACHE_MAX = 65536
-CACHE_TTL_S = 300.0
 MAX_PENDING_PUT_BYTES = 64 << 20
-MAX_OUTBOX_BYTES = 256 << 20  # per client, next to the config's max_outbox (messages)
-KILL_CODES = {"timeout": "TIMEOUT"}
 
 
-@dataclass
-class ClientState:
-    ident: bytes
-    key: str  # the core's client id (identity hex)
-    name: str = ""
-    last_seen: float = 0.0  # controller clock
-    connected: float = 0.0
-    requests: int = 0
-    welcomed: bool = False  # said Hello to this controller, or was told its epoch unasked
+class Gateway(Replies, Answers):
+    """The submit socket's server; replies (cache, outbox, caps) and core verdicts are mixed in."""
 
-
-@dataclass(slots=True)
-class CacheEntry:
-    kind: str
-    action_id: str = ""
-    final: list[bytes] | None = None
-    expires: float = 0.0
-    counted: bool = False  # counts toward the client's outstanding requests until its final reply
-
-
-class Gateway:
     def __init__(
         self,
         sock: zmq.asyncio.Socket,
@@ -104,13 +91,9 @@ class Gateway:
         self.epoch = controller_epoch
         self.clients: dict[bytes, ClientState] = {}
         self.ledger = Ledger(None, controller_epoch)  # the controller's, when it keeps state
-        self.cache: OrderedDict[tuple[bytes, int], CacheEntry] = OrderedDict()
+        self._init_replies()
         self._seq = 0
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.outstanding: dict[bytes, int] = {}  # per client identity: requests without a final reply
-        self.outbox: dict[bytes, deque[tuple[list[bytes], int]]] = {}  # finals the ROUTER could not send
-        self.outbox_bytes: dict[bytes, int] = {}
-        self._overflowed: set[bytes] = set()  # clients whose work was cancelled for a full outbox
         self.counters: dict[str, int] = {
             "bad_requests": 0,
             "replayed": 0,
@@ -134,17 +117,6 @@ class Gateway:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _send(
-        self, ident: bytes, msg: protocol.Message, rid: int, blobs: tuple[bytes, ...] | list[bytes] = ()
-    ) -> None:
-        try:
-            frames = encode_to(ident, msg, rid, blobs)
-        except ProtocolError as exc:  # e.g. a result too large for one message
-            log.error("reply to request %d does not encode: %s", rid, exc)
-            frames = encode_to(ident, protocol.Error("INTERNAL", f"reply does not encode: {exc}", False), rid)
-        if not send_now(self.sock, frames):
-            self.counters["send_dropped"] += 1
-
     def _welcome(self) -> protocol.Welcome:
         return protocol.Welcome(
             protocol.PROTOCOL_MAJOR,
@@ -155,137 +127,6 @@ class Gateway:
             self.config.max_outstanding_per_client,
             self.ledger.enabled,
         )
-
-    def _send_accepted(self, ident: bytes, rid: int) -> None:
-        if not send_now(self.sock, [ident, *protocol.encode_trusted(protocol.Accepted(), rid)]):
-            self.counters["send_dropped"] += 1
-
-    def final(
-        self,
-        ident: bytes,
-        rid: int,
-        msg: protocol.Message,
-        blobs: tuple[bytes, ...] | list[bytes] = (),
-        trusted: bool = False,
-    ) -> None:
-        """Send the one final reply to (ident, rid) and cache it. `trusted`: `msg` holds only
-        checked values (a typed outcome), so `protocol.encode_trusted` skips the field checks."""
-        try:
-            frames = (protocol.encode_trusted if trusted else protocol.encode)(msg, rid, blobs)
-        except ProtocolError as exc:
-            log.error("reply to request %d does not encode: %s", rid, exc)
-            frames = protocol.encode(protocol.Error("INTERNAL", f"reply does not encode: {exc}", False), rid)
-        key = (ident, rid)
-        entry = self.cache.get(key)
-        if entry is None:
-            entry = CacheEntry("")
-            self._cache_put(key, entry)
-        elif entry.counted and entry.final is None:
-            self._uncount(ident)
-        entry.final = frames
-        entry.expires = self.clock.now() + CACHE_TTL_S
-        self.ledger.answered(ident, rid, entry.kind, frames)  # on disk before the client can see it
-        self._deliver(ident, [ident, *frames])
-
-    # ------------------------------------------------------------ backpressure
-    def _uncount(self, ident: bytes) -> None:
-        n = self.outstanding.get(ident, 0) - 1
-        if n > 0:
-            self.outstanding[ident] = n
-        else:
-            self.outstanding.pop(ident, None)
-
-    def _deliver(self, ident: bytes, frames: list[bytes]) -> None:
-        """Send a final reply now, or keep it in the client's bounded outbox (order kept)."""
-        if ident in self.outbox:
-            self._flush(ident)
-        if ident not in self.outbox and send_now(self.sock, frames):
-            return
-        if ident not in self.clients:  # gone: the reply stays in the cache for a resend
-            self.counters["send_dropped"] += 1
-            return
-        size = sum(len(f) for f in frames)
-        box = self.outbox.setdefault(ident, deque())
-        used = self.outbox_bytes.get(ident, 0)
-        if len(box) >= self.config.max_outbox or used + size > MAX_OUTBOX_BYTES:
-            self.counters["outbox_overflows"] += 1
-            self._overflow(ident, len(box))
-            return
-        box.append((frames, size))
-        self.outbox_bytes[ident] = used + size
-        self.counters["outbox_queued"] += 1
-
-    def _flush(self, ident: bytes) -> None:
-        box = self.outbox.get(ident)
-        while box:
-            frames, size = box[0]
-            if not send_now(self.sock, frames):
-                return
-            box.popleft()
-            self.outbox_bytes[ident] -= size
-        self.outbox.pop(ident, None)
-        self.outbox_bytes.pop(ident, None)
-        self._overflowed.discard(ident)
-
-    def _overflow(self, ident: bytes, waiting: int) -> None:
-        """The client is not reading: cancel its unfinished actions (once until its outbox drains)."""
-        if ident in self._overflowed:
-            return
-        self._overflowed.add(ident)
-        victims = [a for a, rec in self.registry.actions.items() if rec.ident == ident and not rec.final_sent]
-        log.warning(
-            "client %s is not reading: outbox full (%d replies waiting); cancelling %d unfinished actions",
-            ident.hex()[:12],
-            waiting,
-            len(victims),
-        )
-        self.counters["outbox_cancelled"] += len(victims)
-        for aid in victims:
-            self.post(ev.ActionCancelled(aid, f"client not reading: outbox full ({waiting} replies waiting)"))
-
-    def _refuse(self, client: ClientState, rid: int, msg: protocol.Message) -> bool:
-        """RETRY_LATER at once when a cap is reached; the request is neither submitted nor recorded."""
-        ident = client.ident
-        n = self.outstanding.get(ident, 0) + len(self.outbox.get(ident, ()))
-        cap = self.config.max_outstanding_per_client
-        text = ""
-        if n >= cap:
-            self.counters["retry_later_client"] += 1
-            text = f"client at its cap of {cap} outstanding requests ({n} pending or undelivered)"
-        elif _is_action(msg) and len(self.registry.actions) >= self.config.max_queued:
-            self.counters["retry_later_global"] += 1
-            text = (
-                f"controller at its cap of {self.config.max_queued} queued actions "
-                f"({len(self.registry.actions)} queued or running)"
-            )
-        if not text:
-            return False
-        # Recorded like any final reply: a copy of this request id arriving later (a resend after a
-        # lost link) gets this refusal again instead of being admitted, while the client library
-        # resubmits the work under a new id; so a refused request can never run as well.
-        self.final(ident, rid, protocol.Error("RETRY_LATER", f"{text}; back off and resubmit", True))
-        return True
-
-    def fail(self, ident: bytes, rid: int, exc: BaseException) -> None:
-        self.final(ident, rid, protocol.Error.from_exception(exc))
-
-    def _cache_put(self, key: tuple[bytes, int], entry: CacheEntry) -> None:
-        self.cache[key] = entry
-        self.cache.move_to_end(key)
-        now = self.clock.now()
-        while len(self.cache) > CACHE_MAX:
-            (old_ident, _), old = self.cache.popitem(last=False)
-            if old.counted and old.final is None:
-                self._uncount(old_ident)
-        # expire a few old finals per insert (amortised)
-        for _ in range(4):
-            if not self.cache:
-                break
-            _, e = next(iter(self.cache.items()))
-            if e.final is not None and e.expires < now:
-                self.cache.popitem(last=False)
-            else:
-                break
 
     # ------------------------------------------------------------ receive
     async def run(self) -> None:
@@ -344,19 +185,7 @@ class Gateway:
             return
         if isinstance(msg, (protocol.Ack, protocol.Accepted, protocol.Result, protocol.Error)):
             return
-        key = (ident, rid)
-        entry = self.cache.get(key)
-        if entry is not None:
-            self.cache.move_to_end(key)
-            if entry.final is not None:
-                self.counters["replayed"] += 1
-                self._deliver(ident, [ident, *entry.final])
-            else:
-                self.counters["joined"] += 1
-                if entry.kind in ("exec", "call"):
-                    rec = self.registry.actions.get(entry.action_id)
-                    if rec is not None and rec.granted:
-                        self._send_accepted(ident, rid)
+        if self._replay(ident, rid):  # a resent request: answered again, never run twice
             return
         sandbox = getattr(msg, "sandbox", "")
         if sandbox and (sb := self.registry.sandboxes.get(sandbox)) is not None and sb.restoring:
@@ -385,10 +214,6 @@ class Gateway:
             self.fail(ident, rid, exc)
 
     # ------------------------------------------------------------ after a controller restart
-    def restore_final(self, key: tuple[bytes, int], kind: str, frames: list[bytes], expires: float) -> None:
-        """A final reply from the ledger: a resent request gets it again."""
-        self.cache[key] = CacheEntry(kind, final=frames, expires=expires)
-
     def restore_client(self, ident: bytes) -> None:
         """A restored sandbox's owner: known, so its silence ends in ClientGone like anyone's."""
         if ident not in self.clients:
@@ -430,14 +255,6 @@ class Gateway:
         if rec.lost:
             raise SandboxLost(f"sandbox {sandbox} was lost with its node {rec.node}")
         return rec
-
-    def _register(self, client: ClientState, rid: int, kind: str, action_id: str = "") -> None:
-        key = (client.ident, rid)
-        old = self.cache.get(key)
-        if old is not None and old.counted and old.final is None:
-            self._uncount(client.ident)
-        self._cache_put(key, CacheEntry(kind, action_id, counted=True))
-        self.outstanding[client.ident] = self.outstanding.get(client.ident, 0) + 1
 
     def _on_open(
         self, client: ClientState, rid: int, msg: protocol.SandboxOpen, blobs: tuple[bytes, ...]
@@ -667,123 +484,6 @@ class Gateway:
                 self.post(ev.ActionCancelled(entry.action_id, "cancelled"))
         self.final(client.ident, rid, protocol.Result({}))
 
-    # ------------------------------------------------------------ commands from the core
-    def on_grant(self, c: cmd.Grant) -> None:
-        rec = self.registry.actions.get(c.action_id)
-        if rec is None or rec.final_sent:
-            return
-        rec.granted, rec.final_sent, rec.started = True, True, self.clock.now()
-        self.registry.record_wait(rec.started - rec.submitted)
-        self.final(
-            rec.ident,
-            rec.request_id,
-            protocol.Result(
-                {
-                    "lease": c.action_id,
-                    "api": c.api,
-                    "units": rec.units,
-                    "expires_in_s": round(max(0.0, rec.deadline - self.clock.now()), 3),
-                    "queued_s": round(rec.started - rec.submitted, 6),
-                }
-            ),
-        )
-
-    def on_reserve(self, c: cmd.Reserve) -> None:
-        rec = self.registry.actions.get(c.action_id)
-        if rec is None or rec.final_sent:
-            return
-        rec.final_sent = True
-        self.final(
-            rec.ident,
-            rec.request_id,
-            protocol.Result({"sandbox": c.sandbox, "node": c.node, "cores": list(c.cores)}),
-        )
-
-    def on_reject(self, c: cmd.Reject) -> None:
-        rec = self.registry.actions.get(c.action_id)
-        if rec is None:
-            return
-        code = c.code
-        if rec.kind == "lease" and code == "TIMEOUT" and not rec.granted:
-            code = "QUOTA_EXCEEDED"
-        if rec.kind == "open":
-            sb = self.registry.sandboxes.get(rec.sandbox)
-            if sb is not None and not sb.closed:
-                sb.closed = True
-                self.post(ev.SandboxClosed(rec.sandbox))
-        if rec.release is not None:
-            ident, rid = rec.release
-            rec.release = None
-            self.final(ident, rid, protocol.Result({}))
-        if rec.final_sent:
-            self.registry.actions.pop(c.action_id, None)
-            return
-        rec.final_sent = True
-        detail = "\n".join(str(r) for r in c.reasons)
-        retryable = code in ("TIMEOUT", "QUOTA_EXCEEDED", "NODE_LOST", "RETRY_LATER")
-        self.final(
-            rec.ident, rec.request_id, protocol.Error(code, c.message[: protocol.MAX_TEXT], retryable, detail)
-        )
-        self.registry.actions.pop(c.action_id, None)
-
-    def on_done(self, c: cmd.Done) -> None:
-        rec = self.registry.actions.pop(c.action_id, None)
-        if rec is None:
-            return
-        if rec.release is not None:
-            ident, rid = rec.release
-            self.final(ident, rid, protocol.Result({}))
-        if rec.final_sent:
-            return
-        rec.final_sent = True
-        out = rec.outcome
-        res = out.result if out is not None and out.error is None else None
-        ran_to_exit = isinstance(res, ExecOutcome) and not res.killed and not res.timed_out
-        if rec.kill_reason and not ran_to_exit:
-            code = KILL_CODES.get(rec.kill_reason, "CANCELLED")
-            msg = (
-                "timed out: the action ran past its timeout and was killed"
-                if code == "TIMEOUT"
-                else f"cancelled ({rec.kill_reason})"
-            )
-            self.final(rec.ident, rec.request_id, protocol.Error(code, msg, code == "TIMEOUT"))
-            return
-        if out is not None and out.error is not None:
-            self.final(rec.ident, rec.request_id, out.error)
-            return
-        if res is None:
-            self.final(
-                rec.ident,
-                rec.request_id,
-                protocol.Error("INTERNAL", f"action ended without a result ({c.reason})", False),
-            )
-            return
-        if isinstance(res, ExecOutcome) and res.timed_out:
-            self.final(rec.ident, rec.request_id, protocol.Error("TIMEOUT", "timed out on the node", True))
-            return
-        self._send_outcome(rec, res, out.blobs)  # type: ignore[union-attr]
-
-    def _send_outcome(
-        self, rec: ActionRecord, res: ExecOutcome | CallOutcome, blobs: tuple[bytes, ...]
-    ) -> None:
-        """The client's final Result: the agent's outcome plus what only the controller knows."""
-        started = rec.started or rec.submitted
-        queued = max(0.0, started - rec.submitted)
-        total = self.clock.now() - rec.submitted
-        timing = {
-            "queued_s": round(queued, 6),
-            "run_s": round(res.run_s, 6),
-            "overhead_s": round(max(0.0, total - queued - res.run_s), 6),
-            "node": rec.node,
-            "action": rec.action_id,
-        }
-        if isinstance(res, ExecOutcome):
-            full = dataclasses.replace(res, cores=tuple(rec.cores), dop=rec.dop, **timing)
-            self.final(rec.ident, rec.request_id, protocol.Result(full.to_body()), list(blobs[:2]), True)
-        else:
-            full = dataclasses.replace(res, gpus=tuple(rec.gpus), loaded=rec.loaded, **timing)
-            self.final(rec.ident, rec.request_id, protocol.Result(full.to_body()), list(blobs[:1]), True)
-
     # ------------------------------------------------------------ liveness
     async def liveness(self) -> None:
         grace = self.config.client_grace_s
@@ -796,13 +496,7 @@ class Gateway:
                     self._client_gone(client, f"silent for {now - client.last_seen:.1f}s")
             for ident in list(self.outbox):
                 self._flush(ident)
-            # expire old cache finals
-            while self.cache:
-                _, e = next(iter(self.cache.items()))
-                if e.final is not None and e.expires < now:
-                    self.cache.popitem(last=False)
-                else:
-                    break
+            self._expire_finals(now)
             for name, sb in list(self.registry.sandboxes.items()):
                 if sb.closed and sb.busy == 0 and now - sb.opened > 1.0:
                     self.registry.sandboxes.pop(name, None)
@@ -811,9 +505,7 @@ class Gateway:
         """Release everything the client holds (ClientGone); its cached replies stay until they expire."""
         self.clients.pop(client.ident, None)
         self.counters["clients_gone"] += 1
-        self.outbox.pop(client.ident, None)  # its final replies stay in the cache until they expire
-        self.outbox_bytes.pop(client.ident, None)
-        self._overflowed.discard(client.ident)
+        self._drop_outbox(client.ident)  # its final replies stay in the cache until they expire
         owned = [
             rec for rec in self.registry.sandboxes.values() if rec.client == client.key and not rec.closed
         ]
@@ -885,11 +577,14 @@ def lease_spec(aid: str, api: str, units: int, client: str, timeout_s: float) ->
     )
 
 
-def _is_action(msg: protocol.Message) -> bool:
-    """Whether the request becomes a core action (the global cap's unit)."""
-    if isinstance(msg, protocol.SandboxOpen):
-        return msg.reserve > 0
-    return isinstance(msg, (protocol.Exec, protocol.Call, protocol.Lease))
-
-
-__all__ = ["Gateway"]
+__all__ = [  # the cache, client and kill-code names live in replies.py and answers.py now
+    "CACHE_MAX",
+    "CACHE_TTL_S",
+    "KILL_CODES",
+    "MAX_OUTBOX_BYTES",
+    "MAX_PENDING_PUT_BYTES",
+    "CacheEntry",
+    "ClientState",
+    "Gateway",
+    "lease_spec",
+]

@@ -19,7 +19,15 @@ FORBIDDEN = {
     "io", "pathlib", "shutil", "tempfile", "signal", "select", "selectors", "multiprocessing", "logging",
     "docker", "asyncssh", "pynvml", "urllib", "http", "requests", "secrets", "uuid",
 }
-FORBIDDEN_PACKAGES = ("tangram.client", "tangram.protocol", "tangram_cli", "agent", "tangram.sim.engine")
+FORBIDDEN_PACKAGES = (
+    "tangram.client",
+    "tangram.protocol",
+    "tangram.wire_checks",
+    "tangram.wire_messages",
+    "tangram_cli",
+    "agent",
+    "tangram.sim.engine",
+)
 
 
 def _violations(path: Path) -> list[str]:

@@ -1,0 +1,264 @@
+"""The gateway's replies to clients: the reply cache, the per-client outbox and backpressure.
+
+Rules 1, 2 and 6 of `gateway.py`: every request gets one final reply, cached per (client
+identity, request id) so that a resent request gets it again (LRU, `CACHE_MAX` entries, kept
+`CACHE_TTL_S` after the final reply); a final reply the ROUTER cannot send waits in the
+client's bounded outbox (order kept) and a full outbox cancels the client's unfinished actions;
+a request that would start work past a cap is refused at once with `RETRY_LATER`.
+
+`Gateway` inherits these methods (as `AgentLink` inherits `GpuCommands`); they use its socket,
+clock, config, registry, clients, counters, ledger and `post`. `_init_replies` creates the state
+they own: `cache`, `outstanding`, `outbox`, `outbox_bytes`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tangram import protocol
+from tangram.core import events as ev
+from tangram.errors import ProtocolError
+from tangram_cli.controller.config import ControllerConfig
+from tangram_cli.controller.ledger import Ledger
+from tangram_cli.controller.state import Registry, encode_to
+from tangram_cli.controller.wire import send_now
+
+log = logging.getLogger("tangram.controller.gateway")
+
+CACHE_MAX = 65536
+CACHE_TTL_S = 300.0
+MAX_OUTBOX_BYTES = 256 << 20  # per client, next to the config's max_outbox (messages)
+
+
+@dataclass
+class ClientState:
+    ident: bytes
+    key: str  # the core's client id (identity hex)
+    name: str = ""
+    last_seen: float = 0.0  # controller clock
+    connected: float = 0.0
+    requests: int = 0
+    welcomed: bool = False  # said Hello to this controller, or was told its epoch unasked
+
+
+@dataclass(slots=True)
+class CacheEntry:
+    kind: str
+    action_id: str = ""
+    final: list[bytes] | None = None
+    expires: float = 0.0
+    counted: bool = False  # counts toward the client's outstanding requests until its final reply
+
+
+class Replies:
+    """Mixed into `Gateway` (which provides the attributes below)."""
+
+    sock: Any
+    clock: Any
+    config: ControllerConfig
+    registry: Registry
+    post: Callable[..., None]
+    clients: dict[bytes, ClientState]
+    counters: dict[str, int]
+    ledger: Ledger
+
+    def _init_replies(self) -> None:
+        self.cache: OrderedDict[tuple[bytes, int], CacheEntry] = OrderedDict()
+        self.outstanding: dict[bytes, int] = {}  # per client identity: requests without a final reply
+        self.outbox: dict[bytes, deque[tuple[list[bytes], int]]] = {}  # finals the ROUTER could not send
+        self.outbox_bytes: dict[bytes, int] = {}
+        self._overflowed: set[bytes] = set()  # clients whose work was cancelled for a full outbox
+
+    # ------------------------------------------------------------ sending
+    def _send(
+        self, ident: bytes, msg: protocol.Message, rid: int, blobs: tuple[bytes, ...] | list[bytes] = ()
+    ) -> None:
+        try:
+            frames = encode_to(ident, msg, rid, blobs)
+        except ProtocolError as exc:  # e.g. a result too large for one message
+            log.error("reply to request %d does not encode: %s", rid, exc)
+            frames = encode_to(ident, protocol.Error("INTERNAL", f"reply does not encode: {exc}", False), rid)
+        if not send_now(self.sock, frames):
+            self.counters["send_dropped"] += 1
+
+    def _send_accepted(self, ident: bytes, rid: int) -> None:
+        if not send_now(self.sock, [ident, *protocol.encode_trusted(protocol.Accepted(), rid)]):
+            self.counters["send_dropped"] += 1
+
+    def final(
+        self,
+        ident: bytes,
+        rid: int,
+        msg: protocol.Message,
+        blobs: tuple[bytes, ...] | list[bytes] = (),
+        trusted: bool = False,
+    ) -> None:
+        """Send the one final reply to (ident, rid) and cache it. `trusted`: `msg` holds only
+        checked values (a typed outcome), so `protocol.encode_trusted` skips the field checks."""
+        try:
+            frames = (protocol.encode_trusted if trusted else protocol.encode)(msg, rid, blobs)
+        except ProtocolError as exc:
+            log.error("reply to request %d does not encode: %s", rid, exc)
+            frames = protocol.encode(protocol.Error("INTERNAL", f"reply does not encode: {exc}", False), rid)
+        key = (ident, rid)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = CacheEntry("")
+            self._cache_put(key, entry)
+        elif entry.counted and entry.final is None:
+            self._uncount(ident)
+        entry.final = frames
+        entry.expires = self.clock.now() + CACHE_TTL_S
+        self.ledger.answered(ident, rid, entry.kind, frames)  # on disk before the client can see it
+        self._deliver(ident, [ident, *frames])
+
+    def fail(self, ident: bytes, rid: int, exc: BaseException) -> None:
+        self.final(ident, rid, protocol.Error.from_exception(exc))
+
+    # ------------------------------------------------------------ the reply cache
+    def _register(self, client: ClientState, rid: int, kind: str, action_id: str = "") -> None:
+        """Record a request that will get a final reply; it counts as outstanding until then."""
+        key = (client.ident, rid)
+        old = self.cache.get(key)
+        if old is not None and old.counted and old.final is None:
+            self._uncount(client.ident)
+        self._cache_put(key, CacheEntry(kind, action_id, counted=True))
+        self.outstanding[client.ident] = self.outstanding.get(client.ident, 0) + 1
+
+    def _replay(self, ident: bytes, rid: int) -> bool:
+        """A copy of a request seen before: its cached final reply again, or `Accepted` again
+        when it still waits (a joined request). False when the request id is new."""
+        key = (ident, rid)
+        entry = self.cache.get(key)
+        if entry is None:
+            return False
+        self.cache.move_to_end(key)
+        if entry.final is not None:
+            self.counters["replayed"] += 1
+            self._deliver(ident, [ident, *entry.final])
+        else:
+            self.counters["joined"] += 1
+            if entry.kind in ("exec", "call"):
+                rec = self.registry.actions.get(entry.action_id)
+                if rec is not None and rec.granted:
+                    self._send_accepted(ident, rid)
+        return True
+
+    def _cache_put(self, key: tuple[bytes, int], entry: CacheEntry) -> None:
+        self.cache[key] = entry
+        self.cache.move_to_end(key)
+        now = self.clock.now()
+        while len(self.cache) > CACHE_MAX:
+            (old_ident, _), old = self.cache.popitem(last=False)
+            if old.counted and old.final is None:
+                self._uncount(old_ident)
+        self._expire_finals(now, 4)  # a few old finals per insert (amortised)
+
+    def _expire_finals(self, now: float, most: int | None = None) -> None:
+        """Drop the oldest cached finals that expired (at most `most`; all with None)."""
+        dropped = 0
+        while self.cache and (most is None or dropped < most):
+            _, e = next(iter(self.cache.items()))
+            if e.final is not None and e.expires < now:
+                self.cache.popitem(last=False)
+                dropped += 1
+            else:
+                return
+
+    def restore_final(self, key: tuple[bytes, int], kind: str, frames: list[bytes], expires: float) -> None:
+        """A final reply from the ledger: a resent request gets it again."""
+        self.cache[key] = CacheEntry(kind, final=frames, expires=expires)
+
+    # ------------------------------------------------------------ backpressure
+    def _uncount(self, ident: bytes) -> None:
+        n = self.outstanding.get(ident, 0) - 1
+        if n > 0:
+            self.outstanding[ident] = n
+        else:
+            self.outstanding.pop(ident, None)
+
+    def _deliver(self, ident: bytes, frames: list[bytes]) -> None:
+        """Send a final reply now, or keep it in the client's bounded outbox (order kept)."""
+        if ident in self.outbox:
+            self._flush(ident)
+        if ident not in self.outbox and send_now(self.sock, frames):
+            return
+        if ident not in self.clients:  # gone: the reply stays in the cache for a resend
+            self.counters["send_dropped"] += 1
+            return
+        size = sum(len(f) for f in frames)
+        box = self.outbox.setdefault(ident, deque())
+        used = self.outbox_bytes.get(ident, 0)
+        if len(box) >= self.config.max_outbox or used + size > MAX_OUTBOX_BYTES:
+            self.counters["outbox_overflows"] += 1
+            self._overflow(ident, len(box))
+            return
+        box.append((frames, size))
+        self.outbox_bytes[ident] = used + size
+        self.counters["outbox_queued"] += 1
+
+    def _flush(self, ident: bytes) -> None:
+        box = self.outbox.get(ident)
+        while box:
+            frames, size = box[0]
+            if not send_now(self.sock, frames):
+                return
+            box.popleft()
+            self.outbox_bytes[ident] -= size
+        self._drop_outbox(ident)
+
+    def _drop_outbox(self, ident: bytes) -> None:
+        """Forget the client's outbox (its final replies stay in the cache until they expire)."""
+        self.outbox.pop(ident, None)
+        self.outbox_bytes.pop(ident, None)
+        self._overflowed.discard(ident)
+
+    def _overflow(self, ident: bytes, waiting: int) -> None:
+        """The client is not reading: cancel its unfinished actions (once until its outbox drains)."""
+        if ident in self._overflowed:
+            return
+        self._overflowed.add(ident)
+        victims = [a for a, rec in self.registry.actions.items() if rec.ident == ident and not rec.final_sent]
+        log.warning(
+            "client %s is not reading: outbox full (%d replies waiting); cancelling %d unfinished actions",
+            ident.hex()[:12],
+            waiting,
+            len(victims),
+        )
+        self.counters["outbox_cancelled"] += len(victims)
+        for aid in victims:
+            self.post(ev.ActionCancelled(aid, f"client not reading: outbox full ({waiting} replies waiting)"))
+
+    def _refuse(self, client: ClientState, rid: int, msg: protocol.Message) -> bool:
+        """RETRY_LATER at once when a cap is reached; the request is neither submitted nor recorded."""
+        ident = client.ident
+        n = self.outstanding.get(ident, 0) + len(self.outbox.get(ident, ()))
+        cap = self.config.max_outstanding_per_client
+        text = ""
+        if n >= cap:
+            self.counters["retry_later_client"] += 1
+            text = f"client at its cap of {cap} outstanding requests ({n} pending or undelivered)"
+        elif _is_action(msg) and len(self.registry.actions) >= self.config.max_queued:
+            self.counters["retry_later_global"] += 1
+            text = (
+                f"controller at its cap of {self.config.max_queued} queued actions "
+                f"({len(self.registry.actions)} queued or running)"
+            )
+        if not text:
+            return False
+        # Recorded like any final reply: a copy of this request id arriving later (a resend after a
+        # lost link) gets this refusal again instead of being admitted, while the client library
+        # resubmits the work under a new id; so a refused request can never run as well.
+        self.final(ident, rid, protocol.Error("RETRY_LATER", f"{text}; back off and resubmit", True))
+        return True
+
+
+def _is_action(msg: protocol.Message) -> bool:
+    """Whether the request becomes a core action (the global cap's unit)."""
+    if isinstance(msg, protocol.SandboxOpen):
+        return msg.reserve > 0
+    return isinstance(msg, (protocol.Exec, protocol.Call, protocol.Lease))
