@@ -10,7 +10,8 @@ from tangram_cli.bench_scheduler import scheduler
 
 @click.group("bench")
 def command() -> None:
-    """Benchmarks: scheduler decision latency, dispatch overhead, burst and scale of the live controller."""
+    """Benchmarks: scheduler decision latency, dispatch overhead, burst and scale of the live controller,
+    crash recovery (chaos)."""
 
 
 command.add_command(scheduler)
@@ -19,6 +20,7 @@ for _module, _name in (
     ("tangram_cli.bench_dispatch", "dispatch"),
     ("tangram_cli.bench_burst", "burst"),
     ("tangram_cli.bench_scale", "scale"),
+    ("tangram_cli.bench_chaos", "chaos"),
 ):
     if importlib.util.find_spec(_module) is not None:
         command.add_command(getattr(importlib.import_module(_module), _name))
