@@ -76,6 +76,7 @@ class Transport:
         self._sync: zmq.Socket | None = None  # the socket's synchronous shadow: sends and receives
         self._monitor: zmq.asyncio.Socket | None = None  # disconnect events: resend after a lost link
         self._disconnected = False  # a disconnect was seen since the last Welcome
+        self._lost_at = 0.0  # when the last one was seen (monotonic)
         self._reader: SocketReader | None = None  # drains replies on the loop (tangram.sockio)
         self.resent = 0  # requests sent again after a lost link or a new controller
         self.restarts = 0  # new controller epochs seen after the first Welcome
@@ -258,7 +259,7 @@ class Transport:
             return
         with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
             await asyncio.wait_for(mon.recv_multipart(), seconds)
-            self._disconnected = True
+            self._disconnected, self._lost_at = True, time.monotonic()
             self._down = True  # the next frame from a controller makes the transport say Hello again
             while True:  # the rest of a burst of events
                 await asyncio.wait_for(mon.recv_multipart(), 0)
@@ -325,7 +326,12 @@ class Transport:
             self.restarts += 1
             log.warning("controller %s restarted (epoch %d): resending %d pending requests",
                         self.addr, msg.controller_epoch, len(self._pending))
+        # Requests sent after the link was seen lost waited in libzmq's queue and reach the new
+        # peer by themselves: resending them would only earn a second copy of their reply.
+        cut = self._lost_at if lost else float("inf")
         for rid, p in list(self._pending.items()):
+            if p.sent_at > cut:
+                continue
             # With its original id: a restarted controller that kept its state (``--state``,
             # Welcome.durable) answers a request that ran with its recorded reply, or NODE_LOST
             # when it was still running, and submits one that had only been queued: nothing runs
@@ -339,6 +345,7 @@ class Transport:
                     )
                 continue
             self.resent += 1
+            p.sent_at = time.monotonic()
             self._send(p.frames)
 
 

@@ -135,14 +135,16 @@ class AgentLink(GpuCommands):
             "rejected_hellos": 0,
             "impostor_frames": 0,
             "agents_lost": 0,  # agents declared lost or gone (silence, restart, bye)
-            "liveness_deferred": 0,
-            "killed_on_hello": 0,  # actions an agent still ran when it said Hello, stopped  # liveness rounds that judged nobody: unread messages or a late wake-up
+            "liveness_deferred": 0,  # liveness rounds that judged nobody: unread messages or a late wake-up
+            "killed_on_hello": 0,  # actions an agent still ran when it said Hello, stopped
         }
         # CURVE: (routing identity, User-Id) -> whether that key belongs to that node; None: plain TCP
         self.peer_check: Callable[[bytes, str], bool] | None = None
         self._impostors_logged: set[tuple[bytes, str]] = set()
         # (node, the sandboxes its Hello lists): adoption after a controller restart (recovery.py)
         self.on_hello: Callable[[str, set[str]], None] | None = None
+        # node: every action its Hello listed is now stopped (recovery answers what ran there)
+        self.on_cleared: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------ plumbing
     def _next_rid(self) -> int:
@@ -330,10 +332,7 @@ class AgentLink(GpuCommands):
         self.post(joined)
         if self.on_hello is not None:
             self.on_hello(hello.name, set(hello.sandboxes))
-        for action in hello.actions:  # whatever ran before this Hello is no one's now: stop it
-            if isinstance(aid := action.get("action"), str) and aid:
-                self.counters["killed_on_hello"] += 1
-                self.send_request(hello.name, protocol.Kill(aid, 0, self.epoch), (), _ignore)
+        self._kill_leftovers(hello.name, hello.actions)
         for sandbox in hello.sandboxes:
             rec = self.registry.sandboxes.get(sandbox)
             if rec is None or rec.closed or rec.lost or rec.node != hello.name:
@@ -341,6 +340,23 @@ class AgentLink(GpuCommands):
         if joined.gpus:
             for svc in self.config.services:  # in the GPU lane: loads wait for the host copies
                 self._chain(hello.name, lambda s=svc: self._prepare(hello.name, s.name, s.spec))
+
+    def _kill_leftovers(self, node: str, actions: list[dict[str, Any]]) -> None:
+        """Whatever ran before this Hello is no one's now: stop it, then say the node is clear."""
+        aids = [a for x in actions if isinstance(a := x.get("action"), str) and a]
+        left = len(aids)
+
+        def one_done(_reply: protocol.Envelope | BaseException) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0 and self.on_cleared is not None:
+                self.on_cleared(node)
+
+        for aid in aids:
+            self.counters["killed_on_hello"] += 1
+            self.send_request(node, protocol.Kill(aid, 0, self.epoch), (), one_done)
+        if not aids and self.on_cleared is not None:
+            self.on_cleared(node)
 
     async def _prepare(self, node: str, service: str, spec: dict[str, Any]) -> None:
         try:

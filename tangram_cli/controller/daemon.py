@@ -102,6 +102,7 @@ class Controller:
             restore_grace(self.config),
         )
         self.agents.on_hello = self.recovery.on_hello
+        self.agents.on_cleared = self.recovery.on_cleared
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopped = asyncio.Event()
         self.down_requested = False

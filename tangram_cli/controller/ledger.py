@@ -9,7 +9,7 @@ canonical encoding of `tangram.journal`, a header line per controller epoch):
     {"f":"open","sb":S,"ident":HEX,"image":I,"mem":M,"reserve":R}   a sandbox opened
     {"f":"node","sb":S,"node":N}                                     ... placed on a node
     {"f":"gone","sb":S}                                              ... closed or lost
-    {"f":"run","ident":HEX,"rid":R,"kind":K}                         a request started running
+    {"f":"run","ident":HEX,"rid":R,"kind":K,"node":N,"action":A}    a request started running
     {"f":"ans","ident":HEX,"rid":R,"kind":K,"t":WALL,"frames":[B64]} its one final reply
     {"f":"lease","action":A,"api":API,"units":U,"ident":HEX,"rid":R,"expires":WALL}  granted
     {"f":"lease-end","action":A}                                     ... released or expired
@@ -78,7 +78,8 @@ class Restored:
 
     sandboxes: dict[str, SandboxFact] = field(default_factory=dict)
     answers: dict[tuple[bytes, int], tuple[str, float, list[bytes] | None]] = field(default_factory=dict)
-    ran: dict[tuple[bytes, int], str] = field(default_factory=dict)  # ran without an answer -> kind
+    # ran without an answer -> (kind, node, action)
+    ran: dict[tuple[bytes, int], tuple[str, str, str]] = field(default_factory=dict)
     leases: dict[str, LeaseFact] = field(default_factory=dict)
     quotas: dict[str, tuple[int, float]] = field(default_factory=dict)  # api -> (used, window start, wall)
     epochs: int = 0
@@ -100,7 +101,11 @@ def _apply(r: Restored, rec: dict[str, Any], now: float) -> None:
     elif f == "gone":
         r.sandboxes.pop(rec["sb"], None)
     elif f == "run":
-        r.ran[(bytes.fromhex(rec["ident"]), rec["rid"])] = rec["kind"]
+        r.ran[(bytes.fromhex(rec["ident"]), rec["rid"])] = (
+            rec["kind"],
+            rec.get("node", ""),
+            rec.get("action", ""),
+        )
     elif f == "lease":
         lf = LeaseFact(
             rec["action"], rec["api"], rec["units"], bytes.fromhex(rec["ident"]), rec["rid"], rec["expires"]
@@ -174,8 +179,8 @@ class Ledger:
                 self.placed(s.sandbox, s.node, write=False)
         for key, (kind, t, frames) in r.answers.items():
             self._requests[key] = self._ans_line(key, kind, t, frames)
-        for key, kind in r.ran.items():
-            self._requests[key] = _line({"f": "run", "ident": key[0].hex(), "rid": key[1], "kind": kind})
+        for key, (kind, node, action) in r.ran.items():
+            self._requests[key] = _run_line(key, kind, node, action)
         for api, (used, start) in r.quotas.items():
             self.quota(api, used, start, write=False)
         # leases are written again when the restored controller grants them anew
@@ -248,10 +253,10 @@ class Ledger:
         if write:
             self._append(line)
 
-    def ran(self, ident: bytes, rid: int, kind: str) -> None:
+    def ran(self, ident: bytes, rid: int, kind: str, node: str = "", action: str = "") -> None:
         if self.path is None:
             return
-        line = _line({"f": "run", "ident": ident.hex(), "rid": rid, "kind": kind})
+        line = _run_line((ident, rid), kind, node, action)
         self._remember((ident, rid), line)
         self._append(line)
 
@@ -345,3 +350,9 @@ class Ledger:
 
 def _line(doc: dict[str, Any]) -> str:
     return journal.dumps(doc)
+
+
+def _run_line(key: tuple[bytes, int], kind: str, node: str, action: str) -> str:
+    return _line(
+        {"f": "run", "ident": key[0].hex(), "rid": key[1], "kind": kind, "node": node, "action": action}
+    )

@@ -71,6 +71,7 @@ class Recovery:
         self.clock = registry.clock
         self.grace_s = grace_s
         self.restoring_until = 0.0
+        self.ran_on: dict[str, list[tuple[bytes, int]]] = {}  # node -> requests that ran there
         self.counters = {
             "restored_sandboxes": 0,
             "restored_answers": 0,
@@ -89,9 +90,12 @@ class Recovery:
             if frames is None:
                 frames = protocol.encode(protocol.Error("NODE_LOST", TOO_LARGE_TEXT, False), key[1])
             self.gateway.restore_final(key, kind, frames, now + max(0.0, ANSWER_TTL_S - (wall - t)))
-        for key, kind in r.ran.items():
-            frames = protocol.encode(protocol.Error("NODE_LOST", RAN_TEXT, True), key[1])
-            self.gateway.restore_final(key, kind, frames, now + ANSWER_TTL_S)
+        for key, (kind, node, _action) in r.ran.items():
+            if node:  # answered once that node's agent has stopped what it still ran (on_cleared)
+                self.gateway.restore_waiting(key, kind)
+                self.ran_on.setdefault(node, []).append(key)
+            else:
+                self._answer_ran(key)
         for s in r.sandboxes.values():
             rec = SandboxRecord(
                 s.sandbox,
@@ -176,7 +180,7 @@ class Recovery:
             elif isinstance(c, (cmd.Spawn, cmd.Invoke)):
                 a = self.registry.actions.get(c.action_id)
                 if a is not None:
-                    self.ledger.ran(a.ident, a.request_id, a.kind)
+                    self.ledger.ran(a.ident, a.request_id, a.kind, c.node, c.action_id)
 
     def _granted(self, c: cmd.Grant) -> None:
         a = self.registry.actions.get(c.action_id)
@@ -199,11 +203,23 @@ class Recovery:
             if rec.restoring and rec.node == node:
                 self._settle(rec, adopted=name in listed)
 
+    def on_cleared(self, node: str) -> None:
+        """``node``'s agent stopped every action its Hello listed: what ran there before the
+        restart can be answered now, with nothing of it left running."""
+        for key in self.ran_on.pop(node, []):
+            self._answer_ran(key)
+
+    def _answer_ran(self, key: tuple[bytes, int]) -> None:
+        self.gateway.final(key[0], key[1], protocol.Error("NODE_LOST", RAN_TEXT, True))
+
     def expire(self) -> None:
-        """After the grace: the sandboxes no agent adopted are lost."""
+        """After the grace: the sandboxes no agent adopted are lost, and what ran on a node that
+        did not come back is answered."""
         if not self.restoring_until or self.clock.now() < self.restoring_until:
             return
         self.restoring_until = 0.0
+        for node in list(self.ran_on):
+            self.on_cleared(node)
         for rec in list(self.registry.sandboxes.values()):
             if rec.restoring:
                 self._settle(rec, adopted=False)

@@ -173,6 +173,11 @@ class Replies:
         """A final reply from the ledger: a resent request gets it again."""
         self.cache[key] = CacheEntry(kind, final=frames, expires=expires)
 
+    def restore_waiting(self, key: tuple[bytes, int], kind: str) -> None:
+        """A request that was running when the controller died: a resent copy joins it and
+        waits for the one final reply `final` will give it."""
+        self.cache[key] = CacheEntry(kind)
+
     # ------------------------------------------------------------ backpressure
     def _uncount(self, ident: bytes) -> None:
         n = self.outstanding.get(ident, 0) - 1

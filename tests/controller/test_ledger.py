@@ -33,13 +33,13 @@ def test_replay_keeps_live_sandboxes_answers_and_unanswered_runs(tmp_path: Path)
     led.gone(["sb-2"])
     led.ran(A, 5, "exec")
     led.answered(A, 5, "exec", [b"frame", b"\x00\xff"])
-    led.ran(A, 6, "exec")  # running when the controller died: no answer
+    led.ran(A, 6, "exec", "n1", "x6")  # running when the controller died: no answer
     led.answered(B, 9, "get", [b"not kept"])  # gets and puts are not kept: they can be repeated
     r = load(str(path), now=wall())
     assert list(r.sandboxes) == ["sb-1"] and r.sandboxes["sb-1"].node == "n1"
     assert r.sandboxes["sb-1"].ident == A and r.sandboxes["sb-1"].mem_mib == 256
     assert r.answers == {(A, 5): ("exec", 1000.0, [b"frame", b"\x00\xff"])}
-    assert r.ran == {(A, 6): "exec"}
+    assert r.ran == {(A, 6): ("exec", "n1", "x6")}
     assert r.epochs == 1 and r.skipped == 0
 
 
@@ -61,8 +61,15 @@ def test_restore_compacts_under_a_new_header_and_appends_after_it(tmp_path: Path
     assert [x.get("sb") for x in lines[1:]] == ["sb-live"]  # the 50 closed ones are gone
     second.ran(B, 1, "call")
     second.close()
-    assert _lines(path)[-1] == {"f": "run", "ident": B.hex(), "rid": 1, "kind": "call"}
-    assert load(str(path), now=wall()).ran == {(B, 1): "call"}
+    assert _lines(path)[-1] == {
+        "f": "run",
+        "ident": B.hex(),
+        "rid": 1,
+        "kind": "call",
+        "node": "",
+        "action": "",
+    }
+    assert load(str(path), now=wall()).ran == {(B, 1): ("call", "", "")}
 
 
 def test_answers_expire_with_the_reply_cache(tmp_path: Path) -> None:

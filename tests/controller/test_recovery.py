@@ -71,14 +71,16 @@ async def test_a_sandbox_its_agent_no_longer_holds_is_lost(
     assert agent.runs == [] and c.recovery.counters["unadopted_sandboxes"] == 1
 
 
-async def test_resent_requests_get_the_recorded_reply_or_node_lost(restarted: Any, raw_client: Any) -> None:
+async def test_resent_requests_get_the_recorded_reply_or_node_lost(
+    restarted: Any, raw_client: Any, make_agent: Any
+) -> None:
     ident = secrets.token_bytes(16)
     answer = p.encode(p.Result({"sandbox": "sb-9"}), 3)
 
     def write(led: Ledger) -> None:
         led.ran(ident, 3, "open")
         led.answered(ident, 3, "open", answer)
-        led.ran(ident, 4, "exec")  # no answer: it was running
+        led.ran(ident, 4, "exec", "n1", "x4")  # no answer: it was running on n1
 
     c = await restarted(write)
     client = _raw_as(raw_client, c.submit_addr, ident)
@@ -90,8 +92,14 @@ async def test_resent_requests_get_the_recorded_reply_or_node_lost(restarted: An
     env = await client.final(3)
     assert env.msg == p.Result({"sandbox": "sb-9"})
     await client.send(p.Exec("sb-9", "true", 1, 1), 4)
+    with pytest.raises(TimeoutError):  # held until n1 has stopped what it still ran
+        await client.final(4, timeout=0.5)
+    await make_agent(c, "n1")
     env = await client.final(4)
     assert isinstance(env.msg, p.Error) and env.msg.code == "NODE_LOST" and env.msg.retryable
+    await client.send(p.Exec("sb-9", "true", 1, 1), 4)  # once more: the same one reply
+    again = await client.final(4)
+    assert again.msg == env.msg
 
 
 def _raw_as(raw_client: Any, addr: str, ident: bytes) -> Any:
