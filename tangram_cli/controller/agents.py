@@ -137,10 +137,12 @@ class AgentLink(GpuCommands):
             "agents_lost": 0,  # agents declared lost or gone (silence, restart, bye)
             "liveness_deferred": 0,  # liveness rounds that judged nobody: unread messages or a late wake-up
             "killed_on_hello": 0,  # actions an agent still ran when it said Hello, stopped
+            "hello_asked": 0,  # heartbeats from agents this controller did not know, answered Bye
         }
         # CURVE: (routing identity, User-Id) -> whether that key belongs to that node; None: plain TCP
         self.peer_check: Callable[[bytes, str], bool] | None = None
         self._impostors_logged: set[tuple[bytes, str]] = set()
+        self._asked: dict[bytes, float] = {}  # unknown agent identity -> when it was told to say Hello
         # (node, the sandboxes its Hello lists): adoption after a controller restart (recovery.py)
         self.on_hello: Callable[[str, set[str]], None] | None = None
         # node: every action its Hello listed is now stopped (recovery answers what ran there)
@@ -251,7 +253,9 @@ class AgentLink(GpuCommands):
         name = self.by_ident.get(ident)
         agent = self.agents.get(name) if name is not None else None
         if agent is None or agent.ident != ident or not agent.live:
-            if not isinstance(msg, protocol.Heartbeat):
+            if isinstance(msg, protocol.Heartbeat):
+                self._ask_hello(ident)
+            else:
                 log.info("message %s from an unregistered agent %r dropped", msg.NAME, ident[:64])
             return
         agent.last_seen = self.clock.now()
@@ -268,6 +272,19 @@ class AgentLink(GpuCommands):
             )
         else:
             log.info("unexpected %s from agent %s", msg.NAME, agent.name)
+
+    def _ask_hello(self, ident: bytes) -> None:
+        """An agent this controller does not know keeps heartbeating (the controller restarted,
+        or had declared it lost): `Bye` ends its session, and it says Hello at once instead of
+        after three silent heartbeats. At most once a second per identity."""
+        now = self.clock.now()
+        if now - self._asked.get(ident, -1.0) < 1.0:
+            return
+        if len(self._asked) > 4096:
+            self._asked.clear()
+        self._asked[ident] = now
+        self.counters["hello_asked"] += 1
+        send_now(self.sock, encode_to(ident, protocol.Bye("unknown to this controller: say Hello again"), 0))
 
     def _on_reply(self, agent: Agent, env: protocol.Envelope) -> None:
         entry = agent.pending.get(env.request_id)

@@ -91,6 +91,7 @@ class Gateway(Replies, Answers):
         self.epoch = controller_epoch
         self.clients: dict[bytes, ClientState] = {}
         self.ledger = Ledger(None, controller_epoch)  # the controller's, when it keeps state
+        self.hold: Callable[[tuple[bytes, int, Any, tuple[bytes, ...]]], bool] | None = None
         self._init_replies()
         self._seq = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -191,6 +192,8 @@ class Gateway(Replies, Answers):
         if sandbox and (sb := self.registry.sandboxes.get(sandbox)) is not None and sb.restoring:
             sb.deferred.append((ident, rid, msg, env.blobs))  # until its node's agent is back
             return
+        if self.hold is not None and self.hold((ident, rid, msg, env.blobs)):
+            return  # after a restart: until the nodes it knew are back (Recovery.hold)
         self._handle(client, rid, msg, env.blobs)
 
     def _handle(self, client: ClientState, rid: int, msg: protocol.Message, blobs: tuple[bytes, ...]) -> None:
@@ -226,6 +229,10 @@ class Gateway(Replies, Answers):
         if rec is None:
             return
         held, rec.deferred = rec.deferred, []
+        self.handle_held(held)
+
+    def handle_held(self, held: list[tuple[bytes, int, Any, tuple[bytes, ...]]]) -> None:
+        """Handle requests that were held (by sandbox, or until the nodes came back)."""
         for ident, rid, msg, blobs in held:
             client = self.clients.get(ident)
             if client is None:

@@ -14,6 +14,7 @@ canonical encoding of `tangram.journal`, a header line per controller epoch):
     {"f":"lease","action":A,"api":API,"units":U,"ident":HEX,"rid":R,"expires":WALL}  granted
     {"f":"lease-end","action":A}                                     ... released or expired
     {"f":"quota","api":API,"used":U,"start":WALL}                    a quota window's use
+    {"f":"up","node":N} / {"f":"down","node":N}                      a node joined / left
 
 Write policy: a line reaches the OS (one `write`, O_APPEND) before the message it guards is
 sent: a `run` before the Spawn/Invoke, an `ans` before the client's reply. A killed controller
@@ -82,12 +83,13 @@ class Restored:
     ran: dict[tuple[bytes, int], tuple[str, str, str]] = field(default_factory=dict)
     leases: dict[str, LeaseFact] = field(default_factory=dict)
     quotas: dict[str, tuple[int, float]] = field(default_factory=dict)  # api -> (used, window start, wall)
+    nodes: set[str] = field(default_factory=set)  # the nodes that were up
     epochs: int = 0
     skipped: int = 0  # lines that did not parse (a torn last line)
 
     @property
     def empty(self) -> bool:
-        return not (self.sandboxes or self.answers or self.ran or self.leases or self.quotas)
+        return not (self.sandboxes or self.answers or self.ran or self.leases or self.quotas or self.nodes)
 
 
 def _apply(r: Restored, rec: dict[str, Any], now: float) -> None:
@@ -113,6 +115,10 @@ def _apply(r: Restored, rec: dict[str, Any], now: float) -> None:
         r.leases[lf.action] = lf
     elif f == "lease-end":
         r.leases.pop(rec["action"], None)
+    elif f == "up":
+        r.nodes.add(rec["node"])
+    elif f == "down":
+        r.nodes.discard(rec["node"])
     elif f == "quota":
         r.quotas[rec["api"]] = (rec["used"], rec["start"])
     elif f == "ans":
@@ -162,6 +168,7 @@ class Ledger:
         self._requests: OrderedDict[tuple[bytes, int], str] = OrderedDict()
         self._leases: dict[str, str] = {}
         self._quotas: dict[str, str] = {}
+        self._nodes: set[str] = set()
         self.written = 0
 
     @property
@@ -183,6 +190,7 @@ class Ledger:
             self._requests[key] = _run_line(key, kind, node, action)
         for api, (used, start) in r.quotas.items():
             self.quota(api, used, start, write=False)
+        self._nodes = set(r.nodes)  # they stay expected until they join again or are given up
         # leases are written again when the restored controller grants them anew
         self._rewrite()
         return r
@@ -253,6 +261,12 @@ class Ledger:
         if write:
             self._append(line)
 
+    def node(self, node: str, up: bool) -> None:
+        if self.path is None or (node in self._nodes) == up:
+            return
+        (self._nodes.add if up else self._nodes.discard)(node)
+        self._append(_line({"f": "up" if up else "down", "node": node}))
+
     def ran(self, ident: bytes, rid: int, kind: str, node: str = "", action: str = "") -> None:
         if self.path is None:
             return
@@ -316,6 +330,7 @@ class Ledger:
             lines.extend(sb_lines)
         lines.extend(self._leases.values())
         lines.extend(self._quotas.values())
+        lines.extend(_line({"f": "up", "node": n}) for n in sorted(self._nodes))
         lines.extend(self._requests.values())
         data = ("\n".join(lines) + "\n").encode("ascii")
         tmp = f"{self.path}.tmp{os.getpid()}"

@@ -22,6 +22,10 @@ At start `restore` puts back:
 - the sandboxes' and leases' **owners** as known clients, so a client that never comes back is released
   after the client grace like any silent one.
 
+Until every node that was up has said Hello again (or the grace ends), execs, calls and
+reserving opens are held, so that a client that is faster than the agents does not get
+NO_CAPACITY from a cluster that only seems empty.
+
 Queued requests are not kept: they never ran, and the client resends them after it sees the
 new controller epoch, so they are simply submitted again.
 """
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tangram import protocol
 from tangram.core import commands as cmd
@@ -43,6 +47,7 @@ if TYPE_CHECKING:
     from tangram_cli.controller.gateway import Gateway
 
 Step = Callable[[ev.Event], object]
+Held = tuple[bytes, int, Any, tuple[bytes, ...]]
 
 log = logging.getLogger("tangram.controller.recovery")
 
@@ -72,6 +77,8 @@ class Recovery:
         self.grace_s = grace_s
         self.restoring_until = 0.0
         self.ran_on: dict[str, list[tuple[bytes, int]]] = {}  # node -> requests that ran there
+        self.waiting_nodes: set[str] = set()  # up before the restart, not back yet
+        self.held: list[Held] = []  # requests held until they are
         self.counters = {
             "restored_sandboxes": 0,
             "restored_answers": 0,
@@ -115,6 +122,9 @@ class Recovery:
         self.counters.update(
             restored_sandboxes=len(r.sandboxes), restored_answers=len(r.answers), restored_ran=len(r.ran)
         )
+        self.waiting_nodes = set(r.nodes)
+        if self.waiting_nodes:
+            self.gateway.hold = self.hold
         if not r.empty:
             self.restoring_until = now + self.grace_s
             log.info(
@@ -160,6 +170,8 @@ class Recovery:
         if not self.ledger.enabled:
             return
         sandboxes = self.registry.sandboxes
+        if isinstance(event, (ev.NodeJoined, ev.NodeLost)):
+            self.ledger.node(event.node, isinstance(event, ev.NodeJoined))
         if isinstance(event, ev.SandboxOpened):
             rec = sandboxes.get(event.sandbox)
             if rec is not None and not rec.restoring:
@@ -202,6 +214,29 @@ class Recovery:
         for name, rec in list(self.registry.sandboxes.items()):
             if rec.restoring and rec.node == node:
                 self._settle(rec, adopted=name in listed)
+        if node in self.waiting_nodes:
+            self.waiting_nodes.discard(node)
+            if not self.waiting_nodes:
+                self._release()
+
+    def hold(self, item: Held) -> bool:
+        """Whether to hold a request until the nodes are back: execs, calls, reserving opens."""
+        msg = item[2]
+        if not self.waiting_nodes or not isinstance(
+            msg, (protocol.Exec, protocol.Call, protocol.SandboxOpen)
+        ):
+            return False
+        if isinstance(msg, protocol.SandboxOpen) and msg.reserve <= 0:
+            return False
+        self.held.append(item)
+        return True
+
+    def _release(self) -> None:
+        self.gateway.hold = None
+        held, self.held = self.held, []
+        if held:
+            log.info("the nodes are back: handling %d held requests", len(held))
+        self.gateway.handle_held(held)
 
     def on_cleared(self, node: str) -> None:
         """``node``'s agent stopped every action its Hello listed: what ran there before the
@@ -218,6 +253,11 @@ class Recovery:
         if not self.restoring_until or self.clock.now() < self.restoring_until:
             return
         self.restoring_until = 0.0
+        for node in sorted(self.waiting_nodes):
+            log.warning("node %s did not come back after the restart", node)
+            self.ledger.node(node, False)
+        self.waiting_nodes.clear()
+        self._release()
         for node in list(self.ran_on):
             self.on_cleared(node)
         for rec in list(self.registry.sandboxes.values()):
