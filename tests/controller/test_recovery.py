@@ -188,3 +188,32 @@ async def test_a_client_of_a_previous_controller_learns_the_epoch_on_first_conta
     assert isinstance((await client.final(5)).msg, p.Result)
     await client.send(p.Cancel(98), 6)
     assert (await client.recv()).request_id == 6  # told once
+
+
+async def test_after_a_restart_work_waits_for_the_nodes_instead_of_failing_no_capacity(
+    restarted: Any, make_agent: Any, raw_client: Any
+) -> None:
+    c = await restarted(lambda led: led.node("n1", True))
+    client = _raw_as(raw_client, c.submit_addr, secrets.token_bytes(16))
+    await client.send(p.SandboxOpen(), 1)
+    sandbox = (await client.final(1)).msg.body["sandbox"]
+    await client.send(p.Exec(sandbox, "echo hi", 1, 1), 2)
+    with pytest.raises(TimeoutError):  # no NO_CAPACITY: n1 was up before the restart
+        await client.final(2, timeout=0.5)
+    assert len(c.recovery.held) == 1
+    await make_agent(c, "n1")
+    env = await client.final(2)
+    assert isinstance(env.msg, p.Result), env.msg
+    assert c.gateway.hold is None and not c.recovery.held
+
+
+async def test_an_unknown_agent_that_heartbeats_is_told_to_say_hello(restarted: Any, raw_client: Any) -> None:
+    c = await restarted(lambda led: None)
+    agent = _raw_as(raw_client, c.agents_addr, b"n9")
+    await agent.send(p.Heartbeat(), 0)
+    env = await agent.recv()
+    assert isinstance(env.msg, p.Bye)
+    await agent.send(p.Heartbeat(), 0)  # at most once a second
+    with pytest.raises(TimeoutError):
+        await agent.recv(timeout=0.3)
+    assert c.agents.counters["hello_asked"] == 1
