@@ -20,11 +20,7 @@ from click.testing import CliRunner
 from tangram_cli.bench_chaos import KINDS, chaos
 
 # kind -> why today's product misses a count goal for it (docs/recovery.md, "Chaos benchmark")
-KNOWN_FAILING: dict[str, str] = {
-    "controller": "after a controller restart some resent requests get two identical final replies on "
-    "the wire (e.g. a GPU call's NO_CAPACITY twice, an API lease's Result twice), and a running action "
-    "answered NODE_LOST before the agent is back can keep running until the agent reconnects",
-}
+KNOWN_FAILING: dict[str, str] = {}
 FIGURES = {
     "trials",
     "requests",
