@@ -26,6 +26,7 @@ forks) can be outside it. The action cgroups are *slots*, kept for the next acti
 Everything here is synchronous and touches only cgroupfs and ``/proc``. The builders (``pick_hierarchy``,
 ``node_dir``, ``incarnation_name``, ``parse_incarnation``) are pure.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,7 +40,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from .fastpath import CgroupMount, parse_mountinfo
+from .fastpath import CgroupMount, _write, parse_mountinfo
 
 ROOT = "tangram"
 SPAWNER = "spawner"
@@ -138,14 +139,6 @@ def _read(path: str) -> str:
     return b"".join(chunks).decode()
 
 
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 def procs_file(cg_dir: str) -> str:
     return os.path.join(cg_dir, "cgroup.procs")
 
@@ -205,8 +198,9 @@ def _kill_at_once(h: Hierarchy, cg_dir: str, listed: list[int]) -> None:
             _write(state, "THAWED")
 
 
-def kill_tree(h: Hierarchy, cg_dir: str, deadline_s: float = KILL_DEADLINE_S,
-              spare: tuple[int, ...] = ()) -> int:
+def kill_tree(
+    h: Hierarchy, cg_dir: str, deadline_s: float = KILL_DEADLINE_S, spare: tuple[int, ...] = ()
+) -> int:
     """SIGKILL every process in ``cg_dir`` and below (but ``spare``) until none is left; returns how many
     distinct processes were found. Raises CgroupError when they are not all gone within ``deadline_s``."""
     end = time.monotonic() + deadline_s
@@ -233,8 +227,9 @@ def kill_tree(h: Hierarchy, cg_dir: str, deadline_s: float = KILL_DEADLINE_S,
         time.sleep(0.002)
 
 
-def remove_tree(h: Hierarchy, cg_dir: str, deadline_s: float = KILL_DEADLINE_S,
-                spare: tuple[int, ...] = ()) -> int:
+def remove_tree(
+    h: Hierarchy, cg_dir: str, deadline_s: float = KILL_DEADLINE_S, spare: tuple[int, ...] = ()
+) -> int:
     """Kill what is in ``cg_dir`` (and below) and remove it all; returns the processes found. Raises
     CgroupError when it cannot be removed in time."""
     end = time.monotonic() + deadline_s
@@ -285,15 +280,21 @@ class ActionCgroups:
         try:
             h = h or discover()
             if h is None:
-                log.warning("no cgroup hierarchy is mounted: actions are not put in cgroups, and a restarted "
-                            "agent cannot find what an earlier one left running")
+                log.warning(
+                    "no cgroup hierarchy is mounted: actions are not put in cgroups, and a restarted "
+                    "agent cannot find what an earlier one left running"
+                )
                 return None
             cg = cls(h, cluster, node)
             cg.probe()
         except OSError as exc:
             where = h.label if h is not None else "cgroupfs"
-            log.warning("cannot use action cgroups in %s (%s): actions are not put in cgroups, and a "
-                        "restarted agent cannot find what an earlier one left running", where, exc)
+            log.warning(
+                "cannot use action cgroups in %s (%s): actions are not put in cgroups, and a "
+                "restarted agent cannot find what an earlier one left running",
+                where,
+                exc,
+            )
             return None
         log.info("action cgroups: %s, under %s", h.label, cg.dir)
         return cg
@@ -304,8 +305,12 @@ class ActionCgroups:
         try:
             if not os.path.exists(procs_file(d)):
                 raise CgroupError(errno.ENOTSUP, f"{self.h.path} is not a cgroup file system")
-            res = subprocess.run(["/bin/sh", "-c", 'echo 0 > "$0"', join_file(self.h, d)],
-                                 capture_output=True, timeout=10, check=False)
+            res = subprocess.run(
+                ["/bin/sh", "-c", 'echo 0 > "$0"', join_file(self.h, d)],
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
             if res.returncode != 0:
                 msg = res.stderr.decode(errors="replace").strip() or f"exit {res.returncode}"
                 raise CgroupError(errno.EACCES, f"cannot move a process into {d}: {msg}")

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,29 +25,15 @@ import pytest
 
 import tangram
 from tangram.errors import TangramError
+from tests.e2e import test_up_local
 
-CLI = [sys.executable, "-c", "from tangram_cli.main import cli; cli()"]
+alive = test_up_local.alive
+
 UP = ("up", "--executor", "process", "--gpus", "1", "--gpu-mem", "1GiB")
 
 
 def tangram_cli(*args: str, home: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TANGRAM_HOME": str(home), "NO_COLOR": "1"}
-    for var in ("TANGRAM_ADDR", "TANGRAM_INVENTORY", "TANGRAM_CLUSTER", "TANGRAM_CERTS"):
-        env.pop(var, None)
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
-    )
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    return test_up_local.tangram(*args, home=home, timeout=timeout)
 
 
 def exited(pid: int) -> bool:
