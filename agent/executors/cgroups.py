@@ -40,7 +40,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from .fastpath import CgroupMount, _write, parse_mountinfo
+from .fastpath import CgroupMount, _read, _write, parse_mountinfo
 
 ROOT = "tangram"
 SPAWNER = "spawner"
@@ -128,17 +128,6 @@ def discover() -> Hierarchy | None:
         return pick_hierarchy(parse_mountinfo(f.read()))
 
 
-def _read(path: str) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode()
-
-
 def procs_file(cg_dir: str) -> str:
     return os.path.join(cg_dir, "cgroup.procs")
 
@@ -190,7 +179,7 @@ def _kill_at_once(h: Hierarchy, cg_dir: str, listed: list[int]) -> None:
         return
     try:
         end = time.monotonic() + FREEZE_WAIT_S
-        while _read(state).strip() != "FROZEN" and time.monotonic() < end:
+        while _read(state) != "FROZEN" and time.monotonic() < end:
             time.sleep(0.001)
         _kill(pids(cg_dir))  # frozen: the list is complete; they die when thawed
     finally:
