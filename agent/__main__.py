@@ -40,6 +40,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     ap.add_argument("--allow-remote", action="store_true", default=None,
                     help="allow a non-loopback controller over plain TCP (no encryption yet)")
+    ap.add_argument("--trusted-code-only", action="store_true", default=None,
+                    help="process executor: run actions without containment (as this user, no limits) "
+                         "where the host cannot contain them, instead of refusing to start")
+    ap.add_argument("--sandbox-mem", metavar="SIZE",
+                    help="memory limit of a sandbox created without `mem` (default: --mem)")
     return ap
 
 
@@ -52,7 +57,8 @@ def overrides(ns: argparse.Namespace) -> dict[str, Any]:
         "gpu_mem_mib": parse_mib(ns.gpu_memory, "--gpu-memory") if ns.gpu_memory is not None else None,
         "restore_bandwidth_gbps": ns.restore_gbps, "heartbeat_s": ns.heartbeat,
         "orphan_timeout_s": ns.orphan_timeout, "log_file": ns.log_file, "log_level": ns.log_level,
-        "allow_remote": ns.allow_remote,
+        "allow_remote": ns.allow_remote, "trusted_code_only": ns.trusted_code_only,
+        "sandbox_mem_mib": parse_mib(ns.sandbox_mem, "--sandbox-mem") if ns.sandbox_mem is not None else None,
     }
 
 

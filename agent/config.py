@@ -92,6 +92,10 @@ class AgentConfig:
     mem_mib: int | None = None  # memory offered for sandboxes; None = MemTotal minus a reserve
     workdir: str = ""  # pidfile, log, process-executor sandboxes; "" = ~/.tangram/agent/<name>
     image: str = HOSTROOT_IMAGE  # default sandbox image (CreateSandbox with image "")
+    # Docker sandboxes (agent.executors.docker_limits): the uid:gid sandbox code runs as, and the writable
+    # space of each (0: no limit; the agent refuses to start where dockerd cannot enforce it)
+    docker_user: str = "65534:65534"
+    sandbox_disk_mib: int = 1024
     emulated_gpus: int = 0  # > 0: that many emulated GPUs instead of NVML discovery
     gpu_mem_mib: int = 16 * 1024  # memory of each emulated GPU
     restore_bandwidth_gbps: float = 25.0  # emulated restore bandwidth, GB/s
@@ -107,6 +111,12 @@ class AgentConfig:
     log_file: str = ""  # "" = stderr
     log_level: str = "INFO"
     allow_remote: bool = False  # plain TCP to a non-loopback controller (unencrypted; prefer `curve`)
+    # process executor: run actions without containment where the host cannot contain them (not root, no
+    # cpuset/memory/pids cgroup); without it the agent refuses to start there (docs/agent.md)
+    trusted_code_only: bool = False
+    sandbox_mem_mib: int | None = None  # memory limit of a sandbox created without `mem`; None = mem_mib
+    sandbox_uid_base: int = 2_000_000  # process sandboxes run as uids base .. base + count - 1
+    sandbox_uid_count: int = 1_000_000
     # CURVE: {"controller_public": PATH|Z85, "secret": PATH|Z85, "public": PATH|Z85 (optional)}.
     # PATHs are ZeroMQ certificate files (`tangram up` ships agent.key_secret + controller.key).
     curve: dict[str, str] | None = None
@@ -129,7 +139,7 @@ class AgentConfig:
         for key in ("cpus", "idle_cpus"):
             if values.get(key) is not None:
                 values[key] = parse_cpulist(values[key], key)
-        for key in ("mem_mib", "gpu_mem_mib", "outbox_mib"):
+        for key in ("mem_mib", "gpu_mem_mib", "outbox_mib", "sandbox_mem_mib", "sandbox_disk_mib"):
             if values.get(key) is not None:
                 values[key] = parse_mib(values[key], key)
         cfg = cls(**values)
@@ -193,6 +203,17 @@ class AgentConfig:
         _int(self, "outbox_mib", 1, 1 << 20)
         if self.mem_mib is not None:
             _int(self, "mem_mib", 1, 1 << 40)
+        if self.sandbox_mem_mib is not None:
+            _int(self, "sandbox_mem_mib", 1, 1 << 40)
+        _int(self, "sandbox_disk_mib", 0, 1 << 40)
+        user = self.docker_user
+        if not isinstance(user, str) or not re.match(r"^[0-9]{1,10}:[0-9]{1,10}$", user):
+            raise ConfigError(f"docker_user: expected 'uid:gid' numbers, got {self.docker_user!r}",
+                              hint='e.g. "65534:65534" (nobody); "0:0" runs sandbox code as root')
+        _int(self, "sandbox_uid_base", 1000, (1 << 32) - 2)
+        _int(self, "sandbox_uid_count", 1, (1 << 32) - 2 - self.sandbox_uid_base)
+        if not isinstance(self.trusted_code_only, bool):
+            raise ConfigError(f"trusted_code_only: expected true or false, got {self.trusted_code_only!r}")
         for key, lo in (("heartbeat_s", 0.01), ("orphan_timeout_s", 0.1), ("stop_grace_s", 0.0),
                         ("hello_timeout_s", 0.05), ("backoff_min_s", 0.001), ("backoff_max_s", 0.001),
                         ("restore_bandwidth_gbps", 1e-6)):

@@ -34,7 +34,7 @@ from typing import Any
 import zmq
 
 from tangram import protocol as p
-from tangram.outcomes import ExecOutcome
+from tangram.certs import KeyRefused
 from tangram.errors import (
     BadRequest,
     ErrorCode,
@@ -43,6 +43,7 @@ from tangram.errors import (
     ProtocolError,
     RetryLater,
 )
+from tangram.outcomes import ExecOutcome
 
 from .config import AgentConfig
 from .executors.base import RunRequest
@@ -68,7 +69,7 @@ from .support import (  # noqa: F401 - part of agent.link's interface (tests)
     reject_is_retryable,
     to_tangram_error,
 )
-from .wire import Wire
+from .wire import Wire, agent_socket, close_monitor, handshake_refusal
 
 log = logging.getLogger("agent")
 
@@ -126,6 +127,7 @@ class Agent(GpuRequests):
         self._orphaned = False
         self.sessions = 0  # Welcomes received (tests and logs)
         self._curve = cfg.curve_keys()  # tangram.certs.CurveKeys or None (plain TCP, loopback only)
+        self._monitor: zmq.Socket | None = None  # the session socket's handshake events (refused keys)
         self._handlers: dict[type[p.Message], Handler] = {
             p.CreateSandbox: self._create_sandbox,
             p.DestroySandbox: self._destroy_sandbox,
@@ -211,27 +213,16 @@ class Agent(GpuRequests):
     # ------------------------------------------------------------ one connection
 
     def _socket(self, ctx: zmq.Context) -> zmq.Socket:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, self.cfg.name.encode())
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, p.MAX_MESSAGE_BYTES)
-        sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
-        sock.setsockopt(zmq.SNDTIMEO, int(self.cfg.hello_timeout_s * 1000))  # replies use NOBLOCK anyway
-        # Queue only on a live connection: a reply sent while the link is down then fails at once and waits
-        # in our outbox for the next Welcome, instead of dying in a pipe when this socket is closed.
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
-        hb_ms = max(100, int(self.cfg.heartbeat_s * 1000))
-        sock.setsockopt(zmq.HEARTBEAT_IVL, hb_ms)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, hb_ms * LIVENESS)
-        sock.setsockopt(zmq.HEARTBEAT_TTL, hb_ms * LIVENESS)
-        if self._curve is not None:  # CURVE client: own keypair, the controller's public key pinned
-            self._curve.apply(sock)
-        sock.connect(self.cfg.controller)
+        sock, self._monitor = agent_socket(ctx, self.cfg, self._curve, LIVENESS)
         return sock
+
+    def _handshake_refusal(self) -> KeyRefused | None:
+        """A refused handshake this session's monitor saw (tangram.certs.HandshakeWatch), else None."""
+        return handshake_refusal(self._monitor, self.cfg, self._curve)
+
+    def _close_monitor(self, sock: zmq.Socket) -> None:
+        mon, self._monitor = self._monitor, None
+        close_monitor(sock, mon)
 
     async def _session(self, ctx: zmq.Context) -> bool:
         """One socket from Hello to loss or stop; True when a Welcome came. Raises AgentExit on Reject."""
@@ -247,7 +238,12 @@ class Agent(GpuRequests):
             t_hello = time.monotonic()
             # waits for the TCP connection (IMMEDIATE)
             if not await wire.send_within(p.encode(hello, 0), self.cfg.hello_timeout_s):
-                log.warning("cannot reach %s within %.1f s", self.cfg.controller, self.cfg.hello_timeout_s)
+                refused = self._handshake_refusal()
+                if refused is not None:
+                    log.error("%s; to fix: %s", refused.message, refused.hint)
+                else:
+                    log.warning("cannot reach %s within %.1f s", self.cfg.controller,
+                                self.cfg.hello_timeout_s)
                 return False
             self._last_out = time.monotonic()
             self._wire = wire
@@ -264,6 +260,7 @@ class Agent(GpuRequests):
         finally:
             self._wire = self._live = None
             self._welcomed = False
+            self._close_monitor(wire.sock)
             wire.close()
 
     def _tick(self, wire: Wire, t_hello: float) -> bool:

@@ -14,9 +14,11 @@ ZeroMQ's descriptor is edge-triggered: it signals when the socket's event state 
 receive may consume that signal. So every send schedules one extra check (at most one pending per loop
 iteration), and every drain ends by checking ``EVENTS`` again.
 """
+
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -70,3 +72,58 @@ class Wire:
 
 
 __all__: list[Any] = ["ZERO_COPY_MIN", "Wire"]
+
+
+def agent_socket(ctx: zmq.Context, cfg: Any, curve: Any, liveness: int) -> tuple[zmq.Socket, zmq.Socket]:
+    """The agent's DEALER to ``cfg.controller`` (connected) and its monitor of handshake events (made
+    before the connect, so no refusal is missed). ``curve``: the agent's CURVE keys, or None; libzmq drops
+    the link after ``liveness`` heartbeats of silence."""
+    from tangram import protocol as p
+    from tangram.certs import handshake_events
+
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, cfg.name.encode())
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, p.MAX_MESSAGE_BYTES)
+    sock.setsockopt(zmq.SNDHWM, 10_000)
+    sock.setsockopt(zmq.RCVHWM, 10_000)
+    sock.setsockopt(zmq.SNDTIMEO, int(cfg.hello_timeout_s * 1000))  # replies use NOBLOCK anyway
+    # Queue only on a live connection: a reply sent while the link is down then fails at once and waits
+    # in the agent's outbox for the next Welcome, instead of dying in a pipe when this socket is closed.
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+    hb_ms = max(100, int(cfg.heartbeat_s * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_IVL, hb_ms)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, hb_ms * liveness)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, hb_ms * liveness)
+    if curve is not None:  # CURVE client: own keypair, the controller's public key pinned
+        curve.apply(sock)
+    monitor = sock.get_monitor_socket(handshake_events())
+    sock.connect(cfg.controller)
+    return sock, monitor
+
+
+def handshake_refusal(monitor: zmq.Socket | None, cfg: Any, curve: Any) -> Any:
+    """A refused handshake (`tangram.certs.KeyRefused`) among the events ``monitor`` holds, else None."""
+    from zmq.utils.monitor import parse_monitor_message
+
+    from tangram.certs import HandshakeWatch
+
+    watch = HandshakeWatch(cfg.controller, "agent", curve, cfg.name)
+    found = None
+    while monitor is not None:
+        try:
+            ev = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
+        except zmq.ZMQError:
+            break
+        found = watch.seen(int(ev["event"]), int(ev["value"])) or found
+    return found
+
+
+def close_monitor(sock: zmq.Socket, monitor: zmq.Socket | None) -> None:
+    if monitor is not None:
+        with contextlib.suppress(zmq.ZMQError):
+            sock.disable_monitor()
+        monitor.close(0)

@@ -10,7 +10,14 @@ status reader) and ``controller.key`` (the server's public key, which the client
     keys = load_dir("~/.tangram/clusters/rl-exp-42/certs", role="client")
     keys.apply(sock)            # before sock.connect(...)
 
-``tangram up`` creates these (tangram_cli/keys.py); ``tangram env`` prints ``TANGRAM_CERTS``.
+``tangram up`` creates these (tangram_cli/keys.py); ``tangram env`` prints ``TANGRAM_CERTS``;
+``tangram keys add NAME`` makes such a directory with a key of its own for one user or job.
+
+A refused key is reported, not waited out: ``HandshakeWatch`` reads the connecting socket's monitor
+events (``EVENT_HANDSHAKE_FAILED_AUTH``: the controller's ZAP handler said no;
+``EVENT_HANDSHAKE_FAILED_PROTOCOL``: one side speaks CURVE, the other not) and turns them into a
+``KeyRefused`` error (a ``ControllerUnreachable``) whose hint names the allow-list directory and
+``tangram keys add``. libzmq does not reconnect after either, so waiting longer would not help.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from tangram.errors import ConfigError
+from tangram.errors import ConfigError, ControllerUnreachable
 
 Z85_KEY_LEN = 40
 
@@ -123,3 +130,145 @@ def client_keys(addr: str, certs: str | CurveKeys | None, role: str = "client") 
 
     found = find_certs(addr)
     return load_dir(found, role) if found else None
+
+
+def fingerprint(public: bytes) -> str:
+    """A short, stable name for a public key (Z85): the first 16 hex digits of SHA-256 of its 32 bytes."""
+    import hashlib
+
+    import zmq.utils.z85
+
+    return hashlib.sha256(zmq.utils.z85.decode(public)).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- refused handshakes
+
+
+class KeyRefused(ControllerUnreachable):
+    """The controller refused the handshake: the key is not on its allow-list, or one side uses CURVE
+    and the other does not. Not retryable: libzmq does not reconnect after it, and the same key would be
+    refused again until the operator changes the allow-list."""
+
+    retryable = False
+
+
+def handshake_events() -> int:
+    """The monitor events ``HandshakeWatch`` reads (OR them into a monitor's event mask)."""
+    import zmq
+
+    return int(
+        zmq.EVENT_HANDSHAKE_SUCCEEDED
+        | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    )
+
+
+class HandshakeWatch:
+    """Turns the connecting side's handshake events into a ``KeyRefused`` (or None).
+
+    ``role`` is ``client``, ``agent`` or ``status``; ``curve`` the keys this side uses (None: plain
+    TCP). Feed every monitor event to ``seen(event, value)``: it returns the error to raise or log
+    for an auth refusal (ZAP said no), a mechanism mismatch (CURVE against plain), or
+    ``NO_DETAIL_LIMIT`` handshakes in a row that failed without detail (with CURVE: the pinned
+    controller key is most likely not this controller's; without: the controller closed on a
+    mechanism mismatch before saying which), else None.
+    """
+
+    NO_DETAIL_LIMIT = 3
+
+    def __init__(self, addr: str, role: str, curve: CurveKeys | None, node: str = "") -> None:
+        self.addr = addr
+        self.role = role
+        self.curve = curve
+        self.node = node
+        self.failed_no_detail = 0
+        self.refused: KeyRefused | None = None
+
+    def seen(self, event: int, value: int) -> KeyRefused | None:
+        import zmq
+
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.failed_no_detail = 0
+            return None
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self.refused = self._auth(value)
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            self.refused = self._protocol(value)
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            self.failed_no_detail += 1
+            if self.failed_no_detail < self.NO_DETAIL_LIMIT:
+                return None
+            self.refused = self._no_detail()
+        else:
+            return None
+        return self.refused
+
+    # -------------------------------------------------------- messages
+    def _allow_dir(self) -> str:
+        if self.role == "agent":
+            node = self.node.replace("/", "_") or "NODE"
+            return f"certs/agents/ (agent-{node}.key)"
+        if self.role == "status":
+            return "certs/status/ or certs/clients/"
+        return "certs/clients/"
+
+    def _auth(self, value: int) -> KeyRefused:
+        key = self.curve.public.decode() if self.curve is not None else "?"
+        fp = fingerprint(self.curve.public) if self.curve is not None else "?"
+        who = f"agent {self.node}" if self.role == "agent" and self.node else f"this {self.role}"
+        if self.role == "agent":
+            fix = (
+                f"the controller's allow-list is {self._allow_dir()} in the cluster's certs directory: "
+                "re-run `tangram up` (it ships each node its own key), or check that this agent's "
+                '"curve" keys belong to this cluster'
+            )
+        else:
+            fix = (
+                f"the controller's allow-list is {self._allow_dir()} in the cluster's certs directory; "
+                "on the controller's machine `tangram keys add NAME` makes a key that is on it (then "
+                "TANGRAM_CERTS=DIR or certs=DIR), `tangram keys list` shows the keys it takes; or point "
+                "TANGRAM_CERTS at the certs directory of the cluster you mean"
+            )
+        return KeyRefused(
+            f"the controller at {self.addr} refused {who}'s CURVE key {key} (fingerprint {fp}; "
+            f"ZAP status {value}): it is not on the allow-list",
+            hint=fix,
+        )
+
+    def _protocol(self, value: int) -> KeyRefused:
+        import zmq
+
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            if self.curve is None:
+                return KeyRefused(
+                    f"the controller at {self.addr} requires CURVE keys and this {self.role} has none",
+                    hint='use the cluster\'s keys: `eval "$(tangram env)"` sets TANGRAM_CERTS, or pass '
+                    "certs=DIR; a cluster of another user needs a key of your own on its allow-list "
+                    "(its owner runs `tangram keys add NAME`)",
+                )
+            return KeyRefused(
+                f"this {self.role} uses CURVE keys but the controller at {self.addr} runs plain TCP",
+                hint="for a plain (--insecure) controller unset TANGRAM_CERTS / certs=; "
+                "else check the address",
+            )
+        return KeyRefused(
+            f"the handshake with the controller at {self.addr} failed (ZMTP protocol error {value:#x})",
+            hint="check that the address is a Tangram controller of the same version",
+        )
+
+    def _no_detail(self) -> KeyRefused:
+        if self.curve is not None:
+            return KeyRefused(
+                f"the CURVE handshake with the controller at {self.addr} failed "
+                f"{self.failed_no_detail} times in a row: the pinned controller key is not this "
+                "controller's, or the controller runs plain TCP",
+                hint="use the certs directory of the cluster you mean (`tangram env` prints it; its "
+                "controller.key is the key pinned), or, for a plain (--insecure) controller, no keys",
+            )
+        return KeyRefused(
+            f"the handshake with the controller at {self.addr} failed {self.failed_no_detail} times in a "
+            f"row: it most likely requires CURVE keys and this {self.role} has none",
+            hint='use the cluster\'s keys: `eval "$(tangram env)"` sets TANGRAM_CERTS, or pass certs=DIR; '
+            "else check that the address is a Tangram controller",
+        )

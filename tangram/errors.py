@@ -15,6 +15,8 @@ for a human carry a `hint` ("To fix: ...") and an `exit_code` for the CLI.
      |    +-- NoCapacity              NO_CAPACITY                  the ask fits no node
      |    +-- SandboxLost             SANDBOX_LOST                 trajectory state is gone
      |    +-- BadRequest              BAD_REQUEST                  schema, ids, resource asks
+     |    |    +-- MessageTooLarge                              client side: over MAX_MESSAGE_BYTES
+     |    +-- OverCap                 OVER_CAP                     bytes held for this client at its cap
      |    +-- NotPermitted            AUTH                         the peer's role may not do this
      |    +-- RemoteError             REMOTE_ERROR                 a service raised; detail = traceback
      |    +-- InternalError           INTERNAL                     a Tangram bug
@@ -57,10 +59,12 @@ __all__ = [
     "HostUnreachable",
     "InternalError",
     "InventoryError",
+    "MessageTooLarge",
     "NoCapacity",
     "NodeLost",
     "NonZeroExit",
     "NotPermitted",
+    "OverCap",
     "PartialFailure",
     "ProtocolError",
     "ProtocolErrorKind",
@@ -92,6 +96,7 @@ class ErrorCode(str, enum.Enum):  # noqa: UP042 (StrEnum needs 3.11; we support 
     REMOTE_ERROR = "REMOTE_ERROR"
     INTERNAL = "INTERNAL"
     VERSION = "VERSION"
+    OVER_CAP = "OVER_CAP"  # 1.3
 
 
 class ProtocolErrorKind(str, enum.Enum):  # noqa: UP042
@@ -166,6 +171,26 @@ class SandboxLost(TangramError):
 
 class BadRequest(TangramError):
     code = ErrorCode.BAD_REQUEST
+
+
+class MessageTooLarge(BadRequest):
+    """A request over `tangram.protocol.MAX_MESSAGE_BYTES`: refused by the client library before it
+    is sent (libzmq would drop the frame and the connection, with no reply)."""
+
+    default_hint = "split the data into parts under the limit (e.g. several files)"
+
+
+class OverCap(TangramError):
+    """The controller already holds as many bytes for this client as its cap allows (files put
+    before a sandbox's first exec, stdin and payloads of unfinished actions, replies not yet
+    delivered). The request was neither run nor kept. Not retried by the library: waiting helps
+    only once queued work finishes or replies are read."""
+
+    code = ErrorCode.OVER_CAP
+    default_hint = (
+        "exec in the sandboxes you put files to (that ships them to their node), wait for queued execs, "
+        "read your replies, send fewer or smaller blobs at once, or raise scheduler.max_client_bytes"
+    )
 
 
 class NotPermitted(TangramError):
@@ -315,6 +340,7 @@ _CLASS_BY_CODE: dict[ErrorCode, type[TangramError]] = {
         RemoteError,
         InternalError,
         VersionMismatch,
+        OverCap,
     )
     if cls.code is not None
 }

@@ -17,6 +17,11 @@ Rules (docs/protocol.md has the table of every message):
 4. Every failure to decode raises `ProtocolError(kind, message)`; nothing else escapes
    `decode`. A controller replies `Error.from_exception(exc)` (BAD_REQUEST or VERSION).
 5. Never pickle: bodies are msgpack, payloads are msgpack or raw bytes.
+6. Sessions (1.3): `Welcome.session` gives a client its session token (`TOKEN_BYTES` bytes, hex in
+   the body). Every later frame the client sends carries it right after the request id in frame 2
+   (`encode(..., token=...)`, `Envelope.token`); the controller serves a sandbox, lease or request
+   only to frames that carry the token of the session that created it (docs/protocol.md,
+   "Sessions"). Replies and every other peer leave it out.
 
 Layout: this module holds the rules, the frame constants and the codec, and re-exports every
 public name of the two modules behind it: `tangram.wire_checks` (limits, field constraints and
@@ -45,6 +50,7 @@ from tangram.wire_checks import (
     MAX_KEY,
     MAX_STR,
     MAX_TEXT,
+    SESSION_TOKEN_BYTES,
     Checker,
     Items,
     Range,
@@ -123,7 +129,9 @@ __all__ = [
     "MESSAGE_TYPES",
     "PROTOCOL_MAJOR",
     "PROTOCOL_MINOR",
+    "SESSIONS_MINOR",
     "TAG",
+    "TOKEN_BYTES",
     "Accepted",
     "Ack",
     "Bye",
@@ -185,12 +193,15 @@ __all__ = [
     "decode",
     "encode",
     "encode_trusted",
+    "stamp",
     "type_code",
     "version_problem",
 ]
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 2
+PROTOCOL_MINOR = 3  # 1.1 Welcome.max_outstanding, 1.2 Welcome.durable, 1.3 sessions (Welcome.session)
+SESSIONS_MINOR = 3  # the first minor whose clients carry session tokens; the controller refuses older ones
+TOKEN_BYTES = SESSION_TOKEN_BYTES  # a session token: frame 2 is the request id, then this many bytes
 TAG = b"TGR%d" % PROTOCOL_MAJOR
 _TAG_PREFIX = b"TGR"
 
@@ -213,12 +224,14 @@ _UNPACK_LIMITS: dict[str, int] = {
 
 @dataclass(frozen=True)
 class Envelope:
-    """One decoded message: its type code, request id, body and blob frames."""
+    """One decoded message: its type code, request id, body, blob frames, and the session token
+    that came with it (b"" when none did: replies, agents, clients before their Welcome)."""
 
     type: int
     request_id: int
     msg: Message
     blobs: tuple[bytes, ...] = ()
+    token: bytes = b""
 
 
 def _validate(
@@ -244,8 +257,9 @@ def _build(cls: type[Message], values: dict[str, object]) -> Message:
     return msg
 
 
-def encode(msg: Message, request_id: int, blobs: Sequence[bytes] = ()) -> list[bytes]:
-    """Frames for `msg`. Raises ProtocolError when the message would not decode on the other side."""
+def encode(msg: Message, request_id: int, blobs: Sequence[bytes] = (), token: bytes = b"") -> list[bytes]:
+    """Frames for `msg`, with the client's session `token` (rule 6) when given. Raises ProtocolError
+    when the message would not decode on the other side."""
     cls = type(msg)
     if _BY_CODE.get(getattr(cls, "TYPE", -1)) is not cls:
         raise TypeError(f"{cls.__name__} is not a registered message type")
@@ -256,10 +270,18 @@ def encode(msg: Message, request_id: int, blobs: Sequence[bytes] = ()) -> list[b
     problem = msg._problem()  # the cross-field rules decode applies (the fields were checked above)
     if problem is not None:
         raise schema_error(cls.__name__, problem)
+    if token and len(token) != TOKEN_BYTES:
+        raise schema_error("token", f"a session token is {TOKEN_BYTES} bytes, got {len(token)}")
     body = msgpack.packb(normal, use_bin_type=True)
-    frames = [TAG, bytes((cls.TYPE,)), _HEADER.pack(request_id), body, *(bytes(b) for b in blobs)]
+    rid = _HEADER.pack(request_id) + bytes(token) if token else _HEADER.pack(request_id)
+    frames = [TAG, bytes((cls.TYPE,)), rid, body, *(bytes(b) for b in blobs)]
     _check_sizes(cls, frames)
     return frames
+
+
+def stamp(frames: list[bytes], token: bytes) -> list[bytes]:
+    """`frames` (from `encode`) with their session token replaced by `token` (b"": none)."""
+    return [frames[0], frames[1], frames[2][: _HEADER.size] + token, *frames[3:]]
 
 
 def encode_trusted(msg: Message, request_id: int, blobs: Sequence[bytes] = ()) -> list[bytes]:
@@ -282,8 +304,13 @@ def _always(name: str) -> bool:
 def _check_sizes(cls: type[Message], frames: Sequence[bytes]) -> None:
     if len(frames[3]) > MAX_BODY_BYTES:
         raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"{cls.__name__} body over {MAX_BODY_BYTES} bytes")
-    if sum(len(f) for f in frames) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"{cls.__name__} over {MAX_MESSAGE_BYTES} bytes")
+    if (size := sum(len(f) for f in frames)) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(
+            ProtocolErrorKind.TOO_LARGE,
+            f"{cls.__name__} of {size} bytes is over the limit of {MAX_MESSAGE_BYTES} bytes "
+            f"({MAX_MESSAGE_BYTES >> 20} MiB, tangram.protocol.MAX_MESSAGE_BYTES) on one message",
+            hint="split the data into parts under the limit (e.g. several files), or ship it another way",
+        )
     if len(frames) - 4 > MAX_BLOBS:
         raise ProtocolError(ProtocolErrorKind.SCHEMA, f"{cls.__name__}: more than {MAX_BLOBS} blobs")
     if len(frames) - 4 < cls._min_blobs:
@@ -303,7 +330,7 @@ def _frames(frames: object) -> list[bytes]:
     return out
 
 
-def _header(frames: list[bytes]) -> tuple[type[Message], int]:
+def _header(frames: list[bytes]) -> tuple[type[Message], int, bytes]:
     tag, kind, rid = frames[0], frames[1], frames[2]
     if tag != TAG:
         if len(tag) == 4 and tag.startswith(_TAG_PREFIX) and tag[3:].isdigit():
@@ -315,12 +342,18 @@ def _header(frames: list[bytes]) -> tuple[type[Message], int]:
         raise schema_error("frame 0", "not a Tangram message (bad tag)")
     if len(kind) != 1 or kind[0] not in _BY_CODE:
         raise schema_error("frame 1", f"unknown message type {kind[:4].hex() or '(empty)'}")
+    token = b""
     if len(rid) != _HEADER.size:
-        raise schema_error("frame 2", f"request id must be {_HEADER.size} bytes, got {len(rid)}")
+        if len(rid) != _HEADER.size + TOKEN_BYTES:
+            raise schema_error(
+                "frame 2",
+                f"request id must be {_HEADER.size} bytes (+ {TOKEN_BYTES} of session token), got {len(rid)}",
+            )
+        rid, token = rid[: _HEADER.size], rid[_HEADER.size :]
     (request_id,) = _HEADER.unpack(rid)
     if request_id > INT64_MAX:
         raise schema_error("frame 2", "request id over 2**63 - 1")
-    return _BY_CODE[kind[0]], request_id
+    return _BY_CODE[kind[0]], request_id, token
 
 
 def _unpack(cls: type[Message], body: bytes) -> dict[str, object]:
@@ -338,11 +371,11 @@ def decode(frames: Sequence[bytes]) -> Envelope:
     parts = _frames(frames)
     if sum(len(p) for p in parts) > MAX_MESSAGE_BYTES:
         raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"message over {MAX_MESSAGE_BYTES} bytes")
-    cls, request_id = _header(parts)
+    cls, request_id, token = _header(parts)
     _check_sizes(cls, parts)
     values = _unpack(cls, parts[3])
     msg = _build(cls, _validate(cls, values, values.__contains__))
-    return Envelope(cls.TYPE, request_id, msg, tuple(parts[4:]))
+    return Envelope(cls.TYPE, request_id, msg, tuple(parts[4:]), token)
 
 
 def version_problem(hello: Hello, *, me: str = "controller") -> str | None:

@@ -27,6 +27,7 @@ MAX_ITEMS = 4096  # default bound for lists and dicts
 MAX_KEY = 256
 MAX_DEPTH = 16  # nesting of free-form (JSON-like) fields
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+SESSION_TOKEN_BYTES = 24  # a client's session token (1.3): 8 bytes of nonce + a 16-byte MAC
 
 # Ids end up in container names, labels and file names. `.` and `:` are allowed for names such
 # as `qwen2.5-7b`, but an id never starts with `.` or `-`, and never contains `..`.

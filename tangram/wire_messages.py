@@ -24,6 +24,7 @@ from tangram.wire_checks import (
     MAX_ITEMS,
     MAX_KEY,
     MAX_TEXT,
+    SESSION_TOKEN_BYTES,
     Checker,
     Items,
     Range,
@@ -124,6 +125,10 @@ class Welcome(Message):
     heartbeat_s: Annotated[float, Range(0.01, 3600)] = 1.0
     max_outstanding: Count = 0  # 1.1: the per-client cap on unanswered requests (0: not said)
     durable: bool = False  # 1.2: the controller keeps a state file: resends after a restart are safe
+    # 1.3: the client's session token (hex); every later frame of the client carries its bytes
+    session: Annotated[
+        str, Str(2 * SESSION_TOKEN_BYTES, f"(?:[0-9a-f]{{{2 * SESSION_TOKEN_BYTES}}})?", "session token")
+    ] = ""
 
 
 @_register(0x03, "REJECT")

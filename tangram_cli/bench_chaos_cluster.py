@@ -139,7 +139,7 @@ def remove_containers(cluster: str) -> int:
     try:
         for c in client.containers.list(all=True, filters={"label": [f"{LABEL_CLUSTER}={cluster}"]}):
             with contextlib.suppress(Exception):
-                c.remove(force=True)
+                c.remove(force=True, v=True)
                 removed += 1
     finally:
         client.close()

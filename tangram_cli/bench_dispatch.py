@@ -8,6 +8,10 @@ dockerd answers. Layouts (`--layout`, printed in the output):
 - `inprocess`: the controller and the clients share this process's asyncio loop (the
   controller then pays for the clients' CPU).
 
+Security (`--curve`, printed as `security`): plain TCP on 127.0.0.1 by default; with `--curve`
+every socket is CURVE (keys made in the run's temporary directory), as on `tangram up`'s local
+default, so the two runs show what encryption and authentication cost per action.
+
 Measured, in one run per executor:
 
 - Overhead: `-n` no-op actions (`true`, 1 core) one after another from one client; per
@@ -172,22 +176,51 @@ class _Cluster:
     proc: ControllerProc | None = None
     agent: subprocess.Popen[bytes] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    certs: str | None = None  # --curve: the CURVE certs directory (tangram_cli/keys.py layout)
+
+    def make_keys(self) -> None:
+        """--curve: the keys of a cluster with one node `bench`, in this run's directory."""
+        from pathlib import Path
+
+        from tangram_cli import keys
+
+        self.certs = str(keys.ensure_keys(Path(self.workdir) / "certs", ["bench"]))
+
+    def _agent_config(self, agents_addr: str) -> str | None:
+        if self.certs is None:
+            return None
+        from tangram_cli import keys
+
+        path = os.path.join(self.workdir, "agent.json")
+        curve = {
+            "controller_public": os.path.join(self.certs, f"{keys.CONTROLLER}.key"),
+            "secret": os.path.join(self.certs, f"{keys.agent_role('bench')}.key_secret"),
+        }
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump({"controller": agents_addr, "curve": curve}, fh)
+        return path
 
     async def start(self, executor: str, cpus: str, image: str | None, env: dict[str, str]) -> None:
         if self.layout == "inprocess":
             from tangram_cli.controller.config import ControllerConfig
             from tangram_cli.controller.daemon import Controller, Options
 
-            self.controller = Controller(ControllerConfig(cluster="bench"), Options())
+            self.controller = Controller(ControllerConfig(cluster="bench"), Options(certs=self.certs))
             self.controller.start()
+            await self.controller.check_security()
             agents_addr, self.submit_addr = self.controller.agents_addr, self.controller.submit_addr
         else:
-            self.proc = await asyncio.to_thread(ControllerProc(self.workdir).start)
+            args = ("--certs", self.certs) if self.certs else ()
+            self.proc = await asyncio.to_thread(ControllerProc(self.workdir, args=args).start)
             agents_addr, self.submit_addr = self.proc.agents_addr, self.proc.submit_addr
-        self.agent = start_real_agent(agents_addr, "bench", executor, cpus, self.workdir, image, env)
+        self.agent = start_real_agent(
+            agents_addr, "bench", executor, cpus, self.workdir, image, env, self._agent_config(agents_addr)
+        )
         deadline = time.monotonic() + 30
         if self.proc is not None:
-            await asyncio.to_thread(wait_nodes, self.proc.status_addr, ["bench"], [self.agent], 30)
+            await asyncio.to_thread(
+                wait_nodes, self.proc.status_addr, ["bench"], [self.agent], 30, self.certs
+            )
             return
         while "bench" not in self.controller.core.cpu.nodes:
             if self.agent.poll() is not None or time.monotonic() > deadline:
@@ -216,10 +249,13 @@ class _Cluster:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-async def _overhead(addr: str, n: int) -> dict[str, Any]:
+async def _overhead(addr: str, n: int, certs: str | None = None) -> dict[str, Any]:
     import tangram
 
-    async with tangram.AsyncClient(addr, name="bench-overhead") as tg, tg.sandbox(mem="256MiB") as sb:
+    async with (
+        tangram.AsyncClient(addr, name="bench-overhead", certs=certs) as tg,
+        tg.sandbox(mem="256MiB") as sb,
+    ):
         for _ in range(min(5, n)):  # warm-up: sandbox creation, first exec
             await sb.exec("true", timeout=60)
         latency, overhead, ctl = [], [], []
@@ -245,7 +281,7 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
 
     async def worker(k: int, count: int, go: asyncio.Event) -> int:
         async with (
-            tangram.AsyncClient(cluster.submit_addr, name=f"bench-{k}") as c,
+            tangram.AsyncClient(cluster.submit_addr, name=f"bench-{k}", certs=cluster.certs) as c,
             c.sandbox(mem="64MiB") as s,
         ):
             await s.exec("true", timeout=60)
@@ -281,13 +317,21 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
 
 
 async def _bench_one(
-    executor: str, n: int, clients: int, cpus: str, image: str | None, env: dict[str, str], layout: str
+    executor: str,
+    n: int,
+    clients: int,
+    cpus: str,
+    image: str | None,
+    env: dict[str, str],
+    layout: str,
+    curve: bool = False,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "executor": executor,
         "n": n,
         "clients": clients,
         "layout": layout,
+        "security": "curve" if curve else "plain",
         "layout_detail": LAYOUTS[layout],
         "throughput_concurrency": clients,
         "goals": GOALS.get(executor, {}),
@@ -298,8 +342,10 @@ async def _bench_one(
         out["raw_spawn_error"] = f"{type(exc).__name__}: {exc}"
     cluster = _Cluster(layout, tempfile.mkdtemp(prefix="tangram-bench-"))
     try:
+        if curve:
+            cluster.make_keys()
         await cluster.start(executor, cpus, image, env)
-        out.update(await _overhead(cluster.submit_addr, n))
+        out.update(await _overhead(cluster.submit_addr, n, cluster.certs))
         out.update(await _throughput(cluster, n, clients))
         raw = out.get("raw_spawn_actions_per_s")
         if raw:
@@ -364,6 +410,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     console.print(table)
     if rows:
         console.print(f"layout: {first['layout_detail']}", markup=False, highlight=False)
+        console.print(f"security: {first.get('security', 'plain')}", markup=False, highlight=False)
         console.print(
             f"raw spawn: `{first.get('raw_spawn_cmd', '-')}` (cores round-robin) at the clients' concurrency",
             markup=False,
@@ -406,6 +453,12 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     show_default=True,
     help="separate: the controller in its own process; inprocess: controller and clients in one loop.",
 )
+@click.option(
+    "--curve",
+    is_flag=True,
+    help="CURVE on every socket (keys in the run's temporary directory), as `tangram up` runs; "
+    "default: plain TCP on 127.0.0.1.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def dispatch(
     n: int,
@@ -414,6 +467,7 @@ def dispatch(
     cpus: str | None,
     image: str | None,
     layout: str,
+    curve: bool,
     as_json: bool,
 ) -> None:
     """Per-action overhead (p50/p99) and control-plane throughput, per executor, next to raw spawns."""
@@ -445,6 +499,7 @@ def dispatch(
                     image if ex == "docker" else None,
                     docker_env if ex == "docker" else {},
                     layout,
+                    curve,
                 )
             )
         return rows

@@ -194,7 +194,9 @@ def start_real_agent(
     workdir: str,
     image: str | None = None,
     env: dict[str, str] | None = None,
+    config: str | None = None,
 ) -> subprocess.Popen[bytes]:
+    """`python -m agent` with these flags; ``config``: an agent.json too (e.g. its "curve" keys)."""
     argv = [
         sys.executable,
         "-m",
@@ -216,12 +218,18 @@ def start_real_agent(
     ]
     if image:
         argv += ["--image", image]
+    if config:
+        argv += ["--config", config]
     with open(os.path.join(workdir, f"agent-{name}.log"), "ab") as log:
         return subprocess.Popen(argv, stdout=log, stderr=log, env={**os.environ, **(env or {})})
 
 
 def wait_nodes(
-    status_addr: str, names: list[str], procs: list[subprocess.Popen[Any]], timeout_s: float
+    status_addr: str,
+    names: list[str],
+    procs: list[subprocess.Popen[Any]],
+    timeout_s: float,
+    certs: str | None = None,
 ) -> None:
     """Return once every node in `names` is up in the controller's status; RuntimeError otherwise."""
     from tangram_cli.state import query_status
@@ -230,7 +238,7 @@ def wait_nodes(
     want = set(names)
     while True:
         with contextlib.suppress(Exception):
-            rows = query_status(status_addr, sections=("nodes",), timeout_s=5).get("nodes", [])
+            rows = query_status(status_addr, sections=("nodes",), timeout_s=5, certs=certs).get("nodes", [])
             if want <= {r["node"] for r in rows if r.get("agent_state") == "up"}:
                 return
         dead = [pr.args for pr in procs if pr.poll() is not None]

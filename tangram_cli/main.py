@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("tangram_cli.commands.agent", "Run a node agent in the foreground."),
     "inventory": ("tangram_cli.commands.inventory", "Validate or show an inventory file."),
     "env": ("tangram_cli.commands.env", "Print TANGRAM_ADDR exports for rollout jobs."),
+    "keys": ("tangram_cli.commands.keys", "Per-client CURVE keys: add, list, revoke."),
 }
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_PARTIAL, EXIT_NO_CLUSTER, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130

@@ -105,6 +105,12 @@ def incarnation_name(pid: int, start: int, n: int) -> str:
     return f"agent-{pid}-{start}-{n}"
 
 
+def new_incarnation_name() -> str:
+    """A fresh incarnation name for this agent process (distinct for every executor it opens)."""
+    pid = os.getpid()
+    return incarnation_name(pid, proc_start(pid) or 0, next(_seq))
+
+
 def parse_incarnation(name: str) -> tuple[int, int] | None:
     """``agent-PID-START-N`` -> (PID, START); None for any other name."""
     m = _INCARNATION_RE.match(name)
@@ -182,6 +188,8 @@ def _kill_at_once(h: Hierarchy, cg_dir: str, listed: list[int]) -> None:
         while _read(state) != "FROZEN" and time.monotonic() < end:
             time.sleep(0.001)
         _kill(pids(cg_dir))  # frozen: the list is complete; they die when thawed
+    except FileNotFoundError:  # removed meanwhile (another remover was faster): nothing is left in it
+        pass
     finally:
         with contextlib.suppress(OSError):
             _write(state, "THAWED")
@@ -247,8 +255,7 @@ class ActionCgroups:
     def __init__(self, h: Hierarchy, cluster: str, node: str) -> None:
         self.h = h
         self.node = node_dir(h, cluster, node)
-        pid = os.getpid()
-        self.name = incarnation_name(pid, proc_start(pid) or 0, next(_seq))
+        self.name = new_incarnation_name()
         self.dir = os.path.join(self.node, self.name)
         self.spawner = os.path.join(self.dir, SPAWNER)
         self._free: list[str] = []

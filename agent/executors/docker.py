@@ -14,11 +14,19 @@ Two exec paths (``mode``):
 ``auto`` picks ``fastpath`` when it is possible. Concurrency: actions on different sandboxes are independent.
 Actions sharing a sandbox are allowed; the container's cpuset is then the union of their grants (on the
 fast path each still runs on exactly its own cores). Between actions the container sits on the idle set.
+
+Containment (``docker_limits``): sandbox code runs as an unprivileged user (``SandboxLimits.user``) with no
+capabilities and ``no_new_privs`` on every path; the container has no network, a pids limit, a memory limit
+(a default when the request names none), a disk limit, and with the hostroot image an ``/etc`` of the
+agent's making (``sandbox_etc``), not the host's. Whatever an action starts ends with it: on the fast path
+its sub-cgroup is emptied, on the ``docker`` path the sandbox is swept (``docker_sweep``) before its cores
+go back to the idle set.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -28,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import archive, fastpath, fastrun, leftovers
+from . import archive, docker_sweep, fastpath, fastrun, leftovers, sandbox_etc
 from .base import (
     DEFAULT_GET_CAP,
     WORKDIR,
@@ -38,6 +46,7 @@ from .base import (
     RunResult,
     SandboxNotFound,
     SandboxSpec,
+    TooLarge,
     check_name,
     check_request,
     expand_dop,
@@ -48,12 +57,24 @@ from .base import (
     split_relpath,
     write_nofollow,
 )
+from .docker_limits import (
+    DEFAULT_DISK_MIB,
+    DEFAULT_USER,
+    SandboxLimits,
+    choose_disk,
+    default_mem_mib,
+    disk_kwargs,
+    keeper_for,
+    mem_kwargs,
+    user_str,
+)
 from .images import HOSTROOT_IMAGE, hostroot_mounts
 from .spawner import Spawner, container_config
 
 LABEL_CLUSTER = "tangram.cluster"
 LABEL_SANDBOX = "tangram.sandbox"
 LABEL_NODE = "tangram.node"  # the agent (node name) that created it: a restarted agent cleans only its own
+LABEL_USER = leftovers.LABEL_USER  # the sandbox user (uid:gid); the container's own user is the keeper
 KILL_GRACE_S = 5.0
 SPAWNER_TRIES = 3  # spawner starts that may fail per sandbox before it keeps to the nsenter path
 log = logging.getLogger("agent.executors.docker")
@@ -63,23 +84,33 @@ def container_name(cluster: str, sandbox: str) -> str:
     return f"tangram-{cluster}-{sandbox}"
 
 
-def container_kwargs(spec: SandboxSpec, cluster: str, idle_cpus: str, image: str,
-                     node: str = "") -> dict[str, Any]:
-    """Pure: the ``containers.run`` arguments for a sandbox."""
-    mem = f"{spec.mem_mib}m"
-    labels = {**spec.labels, LABEL_CLUSTER: cluster, LABEL_SANDBOX: spec.sandbox}
+def sandbox_owner(spec: SandboxSpec, limits: SandboxLimits) -> tuple[int, int]:
+    """The uid and gid sandbox code runs as: the spec's, else the agent's default."""
+    owner = parse_owner(spec.user or limits.user)
+    assert owner is not None
+    return owner
+
+
+DEFAULT_LIMITS = SandboxLimits()
+
+
+def container_kwargs(spec: SandboxSpec, cluster: str, idle_cpus: str, image: str, node: str = "",
+                     limits: SandboxLimits = DEFAULT_LIMITS, etc_dir: str | None = None) -> dict[str, Any]:
+    """Pure: the ``containers.run`` arguments for a sandbox (``etc_dir``: its ``/etc`` with the hostroot
+    image, see ``sandbox_etc``)."""
+    owner = sandbox_owner(spec, limits)
+    labels = {**spec.labels, LABEL_CLUSTER: cluster, LABEL_SANDBOX: spec.sandbox, LABEL_USER: user_str(owner)}
     if node:
         labels[LABEL_NODE] = node
     kw: dict[str, Any] = dict(
         image=image, command=["sleep", "infinity"], name=container_name(cluster, spec.sandbox), detach=True,
-        init=True, network_mode="none", mem_limit=mem, memswap_limit=mem, pids_limit=spec.pids_limit,
+        init=True, network_mode="none", **mem_kwargs(spec.mem_mib, limits), pids_limit=spec.pids_limit,
         cap_drop=["ALL"], security_opt=["no-new-privileges"], cpuset_cpus=idle_cpus, working_dir=WORKDIR,
-        labels=labels,
+        labels=labels, user=user_str(keeper_for(owner)), environment={"HOME": WORKDIR},
+        **disk_kwargs(limits, owner),
     )
-    if spec.user is not None:
-        kw["user"] = spec.user
     if image == HOSTROOT_IMAGE:
-        kw["volumes"] = hostroot_mounts()
+        kw["volumes"] = hostroot_mounts(etc_dir)
     return kw
 
 
@@ -93,13 +124,16 @@ class _Sandbox:
     cg: fastpath.ContainerCgroups | None  # None: docker path
     setpriv: tuple[str, ...]
     owner: tuple[int, int] | None = None  # the sandbox user as numbers (None: the container's root)
-    nsenter_ok: bool = False  # the nsenter chain can drop root's capabilities (or mode=fastpath insists)
+    nsenter_ok: bool = False  # the nsenter chain can take every privilege away (see _attach)
     active: dict[str, tuple[int, ...]] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     spawner: Spawner | None = None
     spawner_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     spawner_failures: int = 0
     slots: fastpath.SlotPool | None = None  # the actions' sub-cgroups (fast path)
+    sweepable: bool = False  # the container's init runs as the keeper: docker_sweep may kill all of `user`
+    procs_dir: str | None = None  # the container's own cgroup, where docker_sweep looks (None: cannot)
+    dirty: bool = False  # a docker exec ran since the last sweep
 
     def __post_init__(self) -> None:
         if self.cg is not None:
@@ -124,8 +158,13 @@ def _env_list_to_dict(env: list[str] | None) -> dict[str, str]:
 
 class DockerExecutor:
     def __init__(self, client: Any, cluster: str, idle_cpus: str, image_default: str = HOSTROOT_IMAGE,
-                 mode: str = "auto", spawner: bool = True, node: str = "") -> None:
-        """``node``: the agent's node name, labelled on the containers it creates (``LABEL_NODE``)."""
+                 mode: str = "auto", spawner: bool = True, node: str = "", *, user: str = DEFAULT_USER,
+                 mem_mib: int | None = None, disk_mib: int = DEFAULT_DISK_MIB,
+                 workdir: str | None = None) -> None:
+        """``node``: the agent's node name, labelled on the containers it creates (``LABEL_NODE``).
+        ``user``, ``mem_mib`` (None: ``docker_limits.default_mem_mib``), ``disk_mib``: see
+        ``docker_limits.SandboxLimits``; raises ConfigError when this dockerd cannot enforce ``disk_mib``.
+        ``workdir``: the agent's, where the hostroot sandboxes' ``/etc`` is written (None: ``~/.tangram``)."""
         if mode not in ("auto", "fastpath", "docker"):
             raise ValueError(f"`mode` must be auto, fastpath or docker, got {mode!r}")
         self.client, self.cluster, self.image_default = client, check_name("cluster", cluster), image_default
@@ -138,6 +177,10 @@ class DockerExecutor:
         self.mode = mode
         self.node = node
         self.use_spawner = spawner and self.fast and hasattr(os, "pidfd_open")
+        self.limits = SandboxLimits(user, default_mem_mib(mem_mib), disk_mib,
+                                    choose_disk(client, disk_mib, image_default))
+        self.etc_root = os.path.join(workdir or os.path.expanduser("~/.tangram"), "sandbox-etc")
+        self._etc: dict[tuple[int, int], str] = {}
         self._sandboxes: dict[str, _Sandbox] = {}
         self._actions: dict[str, _Action] = {}
 
@@ -145,31 +188,47 @@ class DockerExecutor:
 
     async def create_sandbox(self, spec: SandboxSpec) -> None:
         check_name("sandbox", spec.sandbox)
-        kw = container_kwargs(spec, self.cluster, self.idle_cpus, spec.image or self.image_default, self.node)
+        image = spec.image or self.image_default
+        owner = sandbox_owner(spec, self.limits)
+        etc_dir = await asyncio.to_thread(self._etc_dir, owner) if image == HOSTROOT_IMAGE else None
+        kw = container_kwargs(spec, self.cluster, self.idle_cpus, image, self.node, self.limits, etc_dir)
         container = await asyncio.to_thread(self.client.containers.run, **kw)
         try:
-            owner = parse_owner(spec.user)
-            if owner is not None:  # the sandbox user owns its workdir, whatever the image says
+            if self.limits.disk != "tmpfs":  # the sandbox user owns its workdir (a tmpfs is made so)
                 await asyncio.to_thread(archive.chown_dir, self.client.api, container.id, WORKDIR, owner)
-            sb = self._sandboxes[spec.sandbox] = await asyncio.to_thread(self._attach, container, spec.user)
+            sb = self._sandboxes[spec.sandbox] = await asyncio.to_thread(self._attach, container)
             await self._spawner(sb)  # started now, so that the first action does not wait for it
         except BaseException:
-            await asyncio.to_thread(container.remove, force=True)
+            await asyncio.to_thread(container.remove, force=True, v=True)
             raise
 
-    def _attach(self, container: Any, user: str | None) -> _Sandbox:
+    def _etc_dir(self, owner: tuple[int, int]) -> str:
+        """The hostroot sandboxes' ``/etc`` for this sandbox user (written once per agent and user)."""
+        found = self._etc.get(owner)
+        if found is None or not os.path.isdir(found):
+            found = self._etc[owner] = sandbox_etc.ensure(self.etc_root, owner, keeper_for(owner))
+        return found
+
+    def _attach(self, container: Any) -> _Sandbox:
         container.reload()
         pid = int(container.attrs["State"]["Pid"])
         env = _env_list_to_dict(container.attrs["Config"].get("Env"))
         name = container.labels.get(LABEL_SANDBOX, "")
+        # made here: the label names the sandbox user; made before there were labels: the container's user
+        user = container.labels.get(LABEL_USER) or container.attrs["Config"].get("User") or None
         owner = parse_owner(user) if user else None
         setpriv = _setpriv_flavour(pid) if self.fast else ()
-        # Root inside the sandbox may only take the nsenter chain when its capabilities can be dropped;
-        # the spawner always drops them itself.
-        drops = setpriv == fastpath.SETPRIV_FULL or (owner is not None and owner[0] != 0)
-        nsenter_ok = drops or self.mode == "fastpath"
+        # The nsenter chain starts from the agent's root: it may only run sandbox code where the image's
+        # setpriv can take every privilege away (util-linux: no bounding set, for root too; busybox: only
+        # no_new_privs, enough for a user that is not root, as the uid change clears its capabilities).
+        # Elsewhere the spawner (which always drops them itself) or docker exec run it.
+        nsenter_ok = setpriv == fastpath.SETPRIV_FULL or (
+            setpriv == fastpath.SETPRIV_NNP and owner is not None and owner[0] != 0)
         cg = fastpath.discover(pid) if self.fast and (nsenter_ok or self.use_spawner) else None
-        return _Sandbox(name, container.id, pid, env, user, cg, setpriv, owner, nsenter_ok)
+        sb = _Sandbox(name, container.id, pid, env, user, cg, setpriv, owner, nsenter_ok)
+        sb.sweepable = LABEL_USER in container.labels and owner is not None
+        sb.procs_dir = cg.cpuset if cg is not None else docker_sweep.container_procs_dir(pid)
+        return sb
 
     async def _spawner(self, sb: _Sandbox) -> Spawner | None:
         """The sandbox's live spawner, started on first use; None: take another path."""
@@ -206,8 +265,7 @@ class DockerExecutor:
             container = await asyncio.to_thread(self.client.containers.get, container_name(self.cluster, name))
         except docker.errors.NotFound:
             raise SandboxNotFound(f"no sandbox {name!r}") from None
-        user = container.attrs["Config"].get("User") or None
-        sb = self._sandboxes[name] = await asyncio.to_thread(self._attach, container, user)
+        sb = self._sandboxes[name] = await asyncio.to_thread(self._attach, container)
         return sb
 
     async def destroy_sandbox(self, sandbox: str) -> None:
@@ -221,7 +279,7 @@ class DockerExecutor:
         name = container_name(self.cluster, sandbox)
         with contextlib.suppress(docker.errors.NotFound):
             container = await asyncio.to_thread(self.client.containers.get, name)
-            await asyncio.to_thread(container.remove, force=True)
+            await asyncio.to_thread(container.remove, force=True, v=True)  # v: its tmpfs volumes too
 
     async def list_sandboxes(self) -> list[str]:
         flt = {"label": [f"{LABEL_CLUSTER}={self.cluster}"]}
@@ -233,8 +291,8 @@ class DockerExecutor:
         containers (see ``leftovers``); the containers and their files stay, for the controller to adopt."""
         found = await asyncio.to_thread(self._recover)
         log.info("recovery: %d running sandboxes of this node checked: %d processes killed in %d action "
-                 "cgroups, %d old spawners and %d docker execs killed", found.containers, found.processes,
-                 found.slots, found.spawners, found.execs)
+                 "cgroups, %d old spawners and %d docker execs killed, %d left processes swept",
+                 found.containers, found.processes, found.slots, found.spawners, found.execs, found.swept)
         return found
 
     def _recover(self) -> leftovers.Leftovers:
@@ -304,7 +362,21 @@ class DockerExecutor:
             del self._actions[req.action]
             async with sb.lock:
                 sb.active.pop(req.action, None)
+                if sb.dirty and not sb.active:  # before the cores go: nothing of it may stay on them
+                    await self._sweep(sb)
                 await self._apply_cpuset(sb)
+
+    async def _sweep(self, sb: _Sandbox) -> None:
+        """After the last running action of a sandbox that took the docker exec path: kill what it left."""
+        sb.dirty = False
+        if not sb.sweepable or sb.owner is None:
+            return
+        spare = (sb.spawner.pid,) if sb.spawner is not None else ()
+        try:
+            await asyncio.to_thread(docker_sweep.sweep, self.client.api, sb.cid, sb.user or "", sb.owner[0],
+                                    sb.procs_dir, spare)
+        except Exception as exc:  # noqa: BLE001 - docker.errors.*: e.g. the container is gone
+            log.warning("sandbox %s: cannot sweep what its actions left: %s", sb.name, exc)
 
     async def _run_docker(self, req: RunRequest, act: _Action, t0: float) -> RunResult:
         sb = act.sandbox
@@ -314,6 +386,7 @@ class DockerExecutor:
             api.exec_create, sb.cid, ["sh", "-c", cmd], stdin=req.stdin is not None, environment=env,
             workdir=WORKDIR, user=sb.user or ""))["Id"]
         act.exec_id = exec_id
+        sb.dirty = True
         out, err = OutputCollector(req.output_cap), OutputCollector(req.output_cap)
         sock = await asyncio.to_thread(api.exec_start, exec_id, socket=True)
         setup_s = time.monotonic() - t0
@@ -344,8 +417,11 @@ class DockerExecutor:
         return timed_out
 
     async def _kill_docker(self, act: _Action, exec_id: str) -> None:
-        await asyncio.to_thread(leftovers.kill_exec, self.client.api, act.sandbox.cid, act.sandbox.user or "",
-                                exec_id)
+        sb = act.sandbox
+        await asyncio.to_thread(leftovers.kill_exec, self.client.api, sb.cid, sb.user or "", exec_id)
+        async with sb.lock:  # the action's background processes too, unless another action runs there
+            if sb.dirty and len(sb.active) <= 1:
+                await self._sweep(sb)
 
     async def kill(self, action: str) -> bool:
         act = self._actions.get(action)
@@ -361,13 +437,20 @@ class DockerExecutor:
     # ------------------------------------------------------------ files
 
     async def put(self, sandbox: str, path: str, data: bytes) -> None:
+        import docker.errors
+
         sb = await self._sandbox(sandbox)
         parts = split_relpath(path)
-        owner = parse_owner(sb.user) if sb.user else None
-        if sb.cg is not None:
-            await asyncio.to_thread(write_nofollow, self._workdir(sb), parts, data, owner)
-        else:
-            await asyncio.to_thread(archive.put, self.client.api, sb.cid, WORKDIR, parts, data, owner)
+        try:
+            if sb.cg is not None:
+                await asyncio.to_thread(write_nofollow, self._workdir(sb), parts, data, sb.owner)
+            else:
+                await asyncio.to_thread(archive.put, self.client.api, sb.cid, WORKDIR, parts, data, sb.owner)
+        except (OSError, docker.errors.APIError) as exc:
+            if getattr(exc, "errno", None) == errno.ENOSPC or "no space left" in str(exc).lower():
+                raise TooLarge(f"{path!r}: no space left in the sandbox's workdir "
+                               f"(disk limit {self.limits.disk_mib} MiB)") from None
+            raise
 
     async def get(self, sandbox: str, path: str, max_bytes: int = DEFAULT_GET_CAP) -> bytes:
         sb = await self._sandbox(sandbox)

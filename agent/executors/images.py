@@ -1,8 +1,9 @@
 """Local sandbox images built with ``docker import`` (no registry needed).
 
 * ``tangram/hostroot:1``: only empty mount-point directories. Sandboxes from it bind-mount the host's
-  ``/usr``, ``/bin``, ``/lib*`` and ``/etc`` read-only (``hostroot_mounts()``), so the host's
-  Python runs inside without pulling anything. Note that the host's ``/etc`` becomes readable inside.
+  ``/usr``, ``/bin`` and ``/lib*`` read-only (``hostroot_mounts()``), so the host's Python runs inside
+  without pulling anything. Not the host's ``/etc``: the Docker executor mounts a minimal one of its own
+  (``sandbox_etc``: generated users, and the few host files the toolchain needs, none of them secret).
 * ``tangram-test:busybox``: a static busybox with its applet links, for small failure-case sandboxes.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ BUSYBOX_IMAGE = "tangram-test:busybox"
 HOSTROOT_DIRS = ("usr", "bin", "lib", "lib64", "etc", "sbin", "tmp", "work", "proc", "sys", "dev")
 # Not /sbin: `--init` mounts /sbin/docker-init, which cannot sit on a read-only bind of the host's /sbin.
 # The image keeps an empty /sbin; the host's sbin tools are still reachable as /usr/sbin on merged-usr hosts.
-HOSTROOT_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/etc")
+HOSTROOT_BINDS = ("/usr", "/bin", "/lib", "/lib64")
 SKELETON_DIRS = ("bin", "etc", "tmp", "work", "proc", "sys", "dev")
 
 
@@ -55,9 +56,13 @@ def busybox_tar(busybox: str) -> bytes:
     return buf.getvalue()
 
 
-def hostroot_mounts() -> dict[str, dict[str, str]]:
-    """Docker SDK ``volumes=`` for the host directories that exist here, all read-only."""
-    return {p: {"bind": p, "mode": "ro"} for p in HOSTROOT_BINDS if os.path.exists(p)}
+def hostroot_mounts(etc_dir: str | None = None) -> dict[str, dict[str, str]]:
+    """Docker SDK ``volumes=`` for the host directories that exist here, all read-only; ``etc_dir`` (a
+    ``sandbox_etc.ensure`` directory) becomes ``/etc`` (None: the image's empty one)."""
+    out = {p: {"bind": p, "mode": "ro"} for p in HOSTROOT_BINDS if os.path.exists(p)}
+    if etc_dir is not None:
+        out[etc_dir] = {"bind": "/etc", "mode": "ro"}
+    return out
 
 
 def has_image(client: Any, tag: str) -> bool:

@@ -9,7 +9,8 @@ actions* of the dead agent must go, before the new agent offers any core:
   closes, killing its actions' process groups): the process in the container's cgroup running
   ``nsspawner.py``;
 * ``docker exec`` actions (the ``docker`` mode, and ``nsenter``-less fallbacks): every exec of the
-  container that still runs, its process group killed from inside the container (as ``Kill`` does).
+  container that still runs, its process group killed from inside the container (as ``Kill`` does), then
+  whatever they started in the background (``docker_sweep``: every process of the sandbox user).
 
 Blocking (docker API calls, cgroupfs): run it in a worker thread.
 """
@@ -22,9 +23,11 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from . import fastpath
+from . import docker_sweep, fastpath
+from .base import parse_owner
 
 SPAWNER_SCRIPT = "nsspawner.py"
+LABEL_USER = "tangram.user"  # the sandbox user (uid:gid) of a container; its own user is the keeper
 log = logging.getLogger("agent.executors.docker")
 
 
@@ -35,9 +38,10 @@ class Leftovers:
     processes: int = 0  # killed in slots
     spawners: int = 0
     execs: int = 0
+    swept: int = 0  # processes of the sandbox user left outside action cgroups (docker_sweep)
 
     def add(self, other: Leftovers) -> None:
-        for key in ("containers", "slots", "processes", "spawners", "execs"):
+        for key in ("containers", "slots", "processes", "spawners", "execs", "swept"):
             setattr(self, key, getattr(self, key) + getattr(other, key))
 
 
@@ -77,8 +81,9 @@ def _is_spawner(pid: int) -> bool:
     return any(a.endswith(SPAWNER_SCRIPT.encode()) for a in argv[:4])
 
 
-def reap_cgroups(cg: fastpath.ContainerCgroups) -> Leftovers:
-    """Kill and remove the container's action slots; kill a spawner left in its cgroup."""
+def reap_cgroups(cg: fastpath.ContainerCgroups, spawners: list[int] | None = None) -> Leftovers:
+    """Kill and remove the container's action slots; kill a spawner left in its cgroup (its pid is added
+    to ``spawners``)."""
     out = Leftovers()
     try:
         names = sorted(n for n in os.listdir(cg.cpuset) if n.startswith(fastpath.SUB_PREFIX))
@@ -96,6 +101,8 @@ def reap_cgroups(cg: fastpath.ContainerCgroups) -> Leftovers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             out.spawners += 1
+            if spawners is not None:
+                spawners.append(pid)
     return out
 
 
@@ -104,17 +111,28 @@ def reap_container(api: Any, cid: str, fast: bool) -> Leftovers:
     attrs = api.inspect_container(cid)
     out = Leftovers(containers=1)
     pid = int(attrs.get("State", {}).get("Pid") or 0)
+    spawners: list[int] = []
     if fast and pid > 0:
         try:
             cg = fastpath.discover(pid)
         except OSError:
             cg = None
         if cg is not None:
-            out.add(reap_cgroups(cg))
-    user = attrs.get("Config", {}).get("User") or ""
+            out.add(reap_cgroups(cg, spawners))
+    config = attrs.get("Config") or {}
+    labelled = (config.get("Labels") or {}).get(LABEL_USER)
+    user = labelled or config.get("User") or ""
     for exec_id in attrs.get("ExecIDs") or []:
         try:
             out.execs += kill_exec(api, cid, user, exec_id)
         except Exception as exc:  # noqa: BLE001 - docker.errors.*: gone meanwhile, or dockerd trouble
             log.warning("cannot kill exec %s of %s: %s", exec_id[:12], cid[:12], exc)
+    owner = parse_owner(labelled) if labelled else None
+    if owner is not None and pid > 0:  # only where the init runs as the keeper (see docker_sweep)
+        try:
+            found = docker_sweep.sweep(api, cid, user, owner[0], docker_sweep.container_procs_dir(pid),
+                                       tuple(spawners))
+            out.swept += max(found, 0)
+        except Exception as exc:  # noqa: BLE001 - as above
+            log.warning("cannot sweep %s: %s", cid[:12], exc)
     return out

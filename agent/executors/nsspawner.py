@@ -24,7 +24,12 @@ works, Python in the image or not). Two modes (``CONFIG["mode"]``):
      its working directory, and switches off imports (nothing is read from the container's files as code);
   4. gives up every privilege, for good: ``no_new_privs``, an empty capability bounding set, no
      capabilities at all, no supplementary groups, and the sandbox's uid/gid if it has one
-     (``CONFIG["user"]``).
+     (``CONFIG["user"]``);
+  5. puts itself under the container's seccomp filters (Docker's default profile), copied from the
+     container's init in step 1 (``PTRACE_SECCOMP_GET_FILTER``: the init is stopped for well under a
+     millisecond), so the actions it starts are as filtered as a ``docker exec`` would be. Where they
+     cannot be copied (a kernel without ``CONFIG_CHECKPOINT_RESTORE``, ptrace forbidden) it says so on
+     stderr, which is the agent's, and goes on without.
 
   Each request brings the ``cgroup.procs`` of the action's cpuset sub-cgroup: the spawner moves itself
   into it for the ``posix_spawn`` and back to ``home`` after, so the command is in the sub-cgroup (exactly
@@ -52,8 +57,8 @@ thread, which is the whole spawner (it never starts a thread), without the kerne
 lock, whose write side waits for an RCU grace period after a quiet spell (~10 ms per move).
 
 Security: only the agent holds the other end of the socket (inherited, no path on any file system), and the
-spawner has nothing sandbox code does not have. Docker's seccomp and AppArmor profiles are not applied to
-actions (as with ``nsenter`` before).
+spawner has nothing sandbox code does not have. Docker's seccomp filter applies to it and its actions (step
+5); Docker's AppArmor profile does not (nor either of them on the ``nsenter`` fallback).
 """
 import array
 import contextlib  # everything is imported up front: nothing may be imported after the chroot
@@ -70,11 +75,17 @@ import sys
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWPID = (
     0x00020000, 0x04000000, 0x08000000, 0x40000000, 0x20000000)
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 24, 47, 4
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+PTRACE_DETACH, PTRACE_SEIZE, PTRACE_INTERRUPT, PTRACE_SECCOMP_GET_FILTER = 17, 0x4206, 0x4207, 0x420C
+WALL = 0x40000000
+MAX_FILTERS = 64
 CAP_VERSION_3 = 0x20080522
 MAX_MSG = 4 << 20
 SOCK_FD = 0
 
 libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.restype = ctypes.c_long
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 
 
 class CapHeader(ctypes.Structure):
@@ -84,6 +95,10 @@ class CapHeader(ctypes.Structure):
 class CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
                 ("inheritable", ctypes.c_uint32)]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
 def check(rc, what):
@@ -104,6 +119,12 @@ def setup(cfg):
     home = os.open(cfg["home"], os.O_WRONLY | os.O_CLOEXEC)
     with open("/proc/sys/kernel/cap_last_cap") as f:
         cap_last = int(f.read())
+    try:
+        filters = copy_seccomp(pid)
+    except OSError as exc:
+        filters = []
+        warn(f"cannot copy the seccomp filters of container {cfg['cid'][:12]} ({exc}): its actions run "
+             "without them")
     for path in cfg["join"]:
         with open(path, "w") as f:
             f.write("0")
@@ -116,7 +137,57 @@ def setup(cfg):
     os.close(cwd)
     no_more_imports()
     drop_privileges(cfg.get("user"), cap_last)
+    for prog in filters:  # oldest first, as they were installed
+        install_seccomp(prog)
     return pidfd, home
+
+
+def warn(text):
+    with contextlib.suppress(OSError):
+        os.write(2, f"tangram-spawner: {text}\n".encode())
+
+
+def has_seccomp(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return any(line.split() == ["Seccomp:", "2"] for line in f)
+
+
+def copy_seccomp(pid):
+    """The seccomp filters of ``pid`` (a container's init: Docker's profile), oldest first; [] without any.
+    ``pid`` is stopped (``PTRACE_SEIZE`` + ``PTRACE_INTERRUPT``) while they are read, then let go."""
+    if not has_seccomp(pid):
+        return []
+    if libc.ptrace(PTRACE_SEIZE, pid, None, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"ptrace: {os.strerror(err)}")
+    try:
+        libc.ptrace(PTRACE_INTERRUPT, pid, None, None)
+        os.waitpid(pid, WALL)
+        progs = []
+        for index in range(MAX_FILTERS):  # index 0: the newest
+            n = libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, index, None)
+            if n <= 0:
+                err = ctypes.get_errno()
+                if n < 0 and err != errno.ENOENT:
+                    raise OSError(err, f"PTRACE_SECCOMP_GET_FILTER: {os.strerror(err)}")
+                break
+            buf = ctypes.create_string_buffer(n * 8)
+            got = libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, index, ctypes.addressof(buf))
+            if got != n:
+                raise OSError(errno.EIO, "PTRACE_SECCOMP_GET_FILTER changed its answer")
+            progs.append(buf.raw)
+    finally:
+        libc.ptrace(PTRACE_DETACH, pid, None, None)
+    if not progs:
+        raise OSError(errno.ENOENT, "no seccomp filter found, though the process has some")
+    return progs[::-1]
+
+
+def install_seccomp(prog):
+    """Add one classic-BPF seccomp filter (``no_new_privs`` is set: no privilege needed)."""
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = SockFprog(len(prog) // 8, ctypes.addressof(buf))
+    check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
 
 
 def no_more_imports():

@@ -1,14 +1,21 @@
-"""Agent side of the spawner (``nsspawner.py``, see its docstring for what runs there).
+"""Agent side of the spawners (``proc_spawner.py`` for the process executor, ``nsspawner.py`` for the Docker
+fast path; see their docstrings for what runs there).
 
-``Spawner.start`` runs a spawner (plain: for the process executor; container: for one sandbox), with the
-host's Python (``-I -S``) and one end of a ``SOCK_SEQPACKET`` socket pair as its stdin, and waits for it to
-say ready. ``spawn`` sends one request with the action's stdio (and, container mode, its sub-cgroup's
-``cgroup.procs``) as ``SCM_RIGHTS`` and returns a ``Job`` whose ``exit`` future ends with the exit code (-N
-for signal N). Everything runs on the event loop: one reader on the socket, a pidfd on the spawner itself
-(our child: reaped here), no threads, no per-request task.
+``Spawner.start`` runs a spawner (plain: the process executor's, one per agent; sandbox: one per contained
+process sandbox; container: one per Docker sandbox), with the host's Python (``-I -S``) and one end of a
+``SOCK_SEQPACKET`` socket pair as its stdin, and waits for it to say ready. ``spawn`` sends one request with
+the action's stdio (and the files of the action's cgroups to join) as ``SCM_RIGHTS`` and returns a ``Job``
+whose ``exit`` future ends with the exit code (-N for signal N). Everything runs on the event loop: one
+reader on the socket, a pidfd on the spawner itself (our child: reaped here), no threads, no per-request
+task.
 
 When the spawner dies (or the container stops), every job still waiting fails with ``SpawnerLost`` and
 the executor falls back (to ``nsenter``, or to spawning from the agent itself) until a new spawner starts.
+
+A spawner that runs as a sandbox's user can be stopped or killed by that sandbox's code. The process
+executor's sandbox spawners are ``untrusted`` (the container mode's could be too): a send such a spawner
+does not take at once (its socket buffer is full) makes it lost and SIGKILLed instead of waiting for it on
+the event loop, and the executor ``abandon``s one that does not report an exit after a kill.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from .base import ExecutorError
 from .spawn import ExitWatch, devnull, spawn_pinned, wait_done
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nsspawner.py")
+PROC_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "proc_spawner.py")
 MAX_MSG = 4 << 20  # the spawner's receive size; larger requests take the nsenter path
 START_TIMEOUT_S = 10.0
 SEND_TRIES = 50  # 100 ms apart: a spawner that takes no request for 5 s counts as lost
@@ -40,7 +48,14 @@ class SpawnerLost(ExecutorError):
 
 def plain_config(home: str | None = None) -> dict[str, Any]:
     """``home``: the ``cgroup.procs`` of the spawner's own cgroup (with action cgroups), joined at start."""
-    return {"mode": "plain", "home": home} if home else {"mode": "plain"}
+    return {"mode": "plain", "home": [home]} if home else {"mode": "plain"}
+
+
+def sandbox_config(home: list[str], join: list[str], cwd: str, user: tuple[int, int]) -> dict[str, Any]:
+    """One contained process sandbox's spawner: ``home``: the join files of the cgroups it comes back to
+    after each spawn (in the order of every request's join files); ``join``: those it just joins at start;
+    ``cwd``: the sandbox directory; ``user``: the sandbox's uid and gid (it drops to them after joining)."""
+    return {"mode": "sandbox", "home": list(home), "join": list(join), "cwd": cwd, "user": list(user)}
 
 
 def container_config(container_pid: int, cid: str, *, home: str, join: list[str],
@@ -65,23 +80,27 @@ class Spawner:
     ready: asyncio.Future[int] | None = None
     jobs: dict[int, Job] = field(default_factory=dict)
     alive: bool = True
+    untrusted: bool = False  # runs as a sandbox's user: never wait for it (see the module doc)
     _next: int = 0
 
     @classmethod
     async def start(cls, cfg: dict[str, Any], timeout_s: float = START_TIMEOUT_S) -> Spawner:
-        """Start a spawner with ``cfg`` (see ``nsspawner``; ``plain_config``, ``container_config``).
-        Raises ExecutorError when it cannot get ready."""
+        """Start a spawner with ``cfg`` (``plain_config``, ``sandbox_config``: ``proc_spawner``;
+        ``container_config``: ``nsspawner``). Raises ExecutorError when it cannot get ready."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for s in (ours, theirs):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MSG)
+        mode = cfg.get("mode")
+        script = PROC_SCRIPT if mode in ("plain", "sandbox") else SCRIPT
+        err = devnull() if mode == "sandbox" else 2  # a sandbox's spawner gets nothing of the agent's
         try:
-            pid = spawn_pinned([sys.executable, "-I", "-S", SCRIPT, json.dumps(cfg)], env={}, cwd="/",
-                               cores=None, fds=(theirs.fileno(), devnull(), 2))
+            pid = spawn_pinned([sys.executable, "-I", "-S", script, json.dumps(cfg)], env={}, cwd="/",
+                               cores=None, fds=(theirs.fileno(), devnull(), err))
         finally:
             theirs.close()
         ours.setblocking(False)
         loop = asyncio.get_running_loop()
-        sp = cls(pid, ours, loop, ready=loop.create_future())
+        sp = cls(pid, ours, loop, ready=loop.create_future(), untrusted=mode == "sandbox")
         sp.watch = ExitWatch(pid, on_exit=sp._exited)
         loop.add_reader(ours.fileno(), sp._on_readable)
         try:
@@ -115,6 +134,13 @@ class Spawner:
             with contextlib.suppress(ExecutorError):  # lost: its actions' process groups die with it
                 self._send(json.dumps({"op": "kill", "id": job.id}).encode(), ())
 
+    def abandon(self, why: str) -> None:
+        """Give up on this spawner: SIGKILL it (our child: the pid is still ours) and fail its jobs."""
+        if self.watch is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        self._lost(why)
+
     def _send(self, data: bytes, fds: tuple[int, ...]) -> None:
         for _ in range(SEND_TRIES):
             try:
@@ -123,6 +149,9 @@ class Spawner:
             except BlockingIOError:  # its buffer is full: it is far behind, or blocked telling us exits
                 self._on_readable()  # so take those first, then give it a moment
                 if not self.alive:
+                    break
+                if self.untrusted:  # stopped by sandbox code, maybe: the event loop must not wait for it
+                    self.abandon("it does not take requests")
                     break
                 select.select([], [self.sock], [], 0.1)
             except OSError as exc:

@@ -50,9 +50,11 @@ from tangram.errors import (
     ClusterNotFound,
     ControllerUnreachable,
     InternalError,
+    MessageTooLarge,
     NodeLost,
     NonZeroExit,
     ProtocolError,
+    ProtocolErrorKind,
     RetryLater,
 )
 from tangram.outcomes import CallOutcome, ExecOutcome
@@ -285,7 +287,9 @@ class AsyncClient:
     ) -> protocol.Envelope:
         try:
             pending = self._transport.request(msg, blobs, idempotent=idempotent)
-        except ProtocolError as exc:
+        except ProtocolError as exc:  # never sent: the controller would refuse it (or libzmq drop it)
+            if exc.kind is ProtocolErrorKind.TOO_LARGE:
+                raise MessageTooLarge(str(exc), hint=exc.hint) from None
             raise BadRequest(str(exc)) from None
         wait = None if timeout is None else timeout + GRACE_S
         try:

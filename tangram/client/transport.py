@@ -7,7 +7,12 @@
   it cannot take yet wait in order. Receives come from one loop reader on the socket's
   descriptor that drains every ready reply per wake-up: no future per message.
 - The routing identity is a random 16 bytes chosen once per transport, so a reconnect (libzmq
-  reconnects by itself) reaches the same client state on the controller.
+  reconnects by itself) reaches the same client state on the controller. The controller's
+  `Welcome` gives a session token (protocol 1.3); every frame sent after it carries the token,
+  resends included, and only frames with it reach this client's sandboxes, leases and replies.
+  While the controller stays silent the transport reconnects every 5 heartbeat intervals: the
+  controller gives a routing identity one route at a time, and a connection made while its dead
+  predecessor still held the route gets none until it reconnects.
 - Heartbeats: a `Heartbeat` after `heartbeat_s` without sending; the controller answers each.
   Silence for 3 intervals marks the link down; when traffic returns, the transport says
   `Hello` again. Pending requests are resent (with their original ids) only when something
@@ -35,7 +40,7 @@ import zmq
 import zmq.asyncio
 
 from tangram import protocol
-from tangram.certs import CurveKeys
+from tangram.certs import CurveKeys, HandshakeWatch, KeyRefused, handshake_events
 from tangram.errors import ControllerUnreachable, NodeLost, ProtocolError, TangramError
 from tangram.sockio import SocketReader, shadow
 
@@ -75,6 +80,8 @@ class Transport:
         self._out: collections.deque[list[bytes]] = collections.deque()  # frames libzmq could not take yet
         self._sync: zmq.Socket | None = None  # the socket's synchronous shadow: sends and receives
         self._monitor: zmq.asyncio.Socket | None = None  # disconnect events: resend after a lost link
+        self._handshake = HandshakeWatch(addr, "client", curve)  # refused keys: KeyRefused at once
+        self.refused: KeyRefused | None = None  # the controller refused this client's key after connect
         self._disconnected = False  # a disconnect was seen since the last Welcome
         self._lost_at = 0.0  # when the last one was seen (monotonic)
         self._reader: SocketReader | None = None  # drains replies on the loop (tangram.sockio)
@@ -90,6 +97,9 @@ class Transport:
         self._last_sent = time.monotonic()
         self._down = False
         self._closed = False
+        self.token = b""  # the session token from the controller's Welcome (protocol 1.3)
+        self._reconnected = 0.0  # when the transport last reconnected by itself (monotonic)
+        self.reconnects = 0
         self.pid = os.getpid()
 
     # ------------------------------------------------------------ lifecycle
@@ -106,14 +116,18 @@ class Transport:
         sock.setsockopt(zmq.RCVHWM, 100000)
         if self.curve is not None:
             self.curve.apply(sock)
+        # before connect, so no handshake event is missed (a refused key fails start() at once)
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | handshake_events())
         try:
             sock.connect(self.addr)
         except zmq.ZMQError as exc:
+            sock.disable_monitor()
+            self._monitor.close(0)
+            self._monitor = None
             sock.close(0)
             raise ControllerUnreachable(f"bad controller address {self.addr!r}: {exc}") from None
         self._sock = sock
         self._sync = shadow(sock)
-        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._task = asyncio.ensure_future(self._own())
         self._welcome = asyncio.get_running_loop().create_future()
         self._send_hello()
@@ -155,9 +169,8 @@ class Transport:
         if self._sock is not None:
             if self.epoch is not None:  # say goodbye: the controller releases this client's work now
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(
-                        self._sock.send_multipart(protocol.encode(protocol.Bye("close"), 0)), 0.2
-                    )
+                    bye = protocol.encode(protocol.Bye("close"), 0, token=self.token)
+                    await asyncio.wait_for(self._sock.send_multipart(bye), 0.2)
             if self._monitor is not None:
                 with contextlib.suppress(Exception):
                     self._sock.disable_monitor()
@@ -183,8 +196,10 @@ class Transport:
         (BadRequest-like) when the message would not decode on the controller."""
         if self._closed:
             raise ControllerUnreachable("the client is closed")
+        if self.refused is not None:
+            raise self.refused
         rid = self._next_rid() if request_id is None else request_id
-        frames = protocol.encode(msg, rid, blobs)
+        frames = protocol.encode(msg, rid, blobs, token=self.token)
         loop = asyncio.get_running_loop()
         pending = Pending(rid, frames, idempotent, loop.create_future(), loop.create_future())
         pending.accepted.add_done_callback(_retrieve)
@@ -195,7 +210,7 @@ class Transport:
     def send_raw(self, msg: protocol.Message, request_id: int = 0) -> None:
         """Fire and forget (Cancel, Heartbeat)."""
         if not self._closed:
-            self._send(protocol.encode(msg, request_id))
+            self._send(protocol.encode(msg, request_id, token=self.token))
 
     def forget(self, request_id: int) -> None:
         self._pending.pop(request_id, None)
@@ -206,6 +221,7 @@ class Transport:
             protocol.encode(
                 protocol.Hello("client", self.name, protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR),
                 self._hello_rid,
+                token=self.token,  # a reconnect: the session goes on
             )
         )
 
@@ -258,19 +274,63 @@ class Transport:
             await asyncio.sleep(seconds)
             return
         with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-            await asyncio.wait_for(mon.recv_multipart(), seconds)
+            self._on_monitor(await asyncio.wait_for(mon.recv_multipart(), seconds))
+            while True:  # the rest of a burst of events
+                self._on_monitor(await asyncio.wait_for(mon.recv_multipart(), 0))
+
+    def _on_monitor(self, frames: list[bytes]) -> None:
+        """One monitor event. A disconnect: resend on the next Welcome. A refused handshake
+        (tangram.certs.HandshakeWatch): start() fails with KeyRefused; once connected, pending and
+        later requests fail with it (libzmq does not reconnect after a refusal)."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        msg = parse_monitor_message(frames)
+        event = int(msg["event"])
+        if event == zmq.EVENT_DISCONNECTED:
             self._disconnected, self._lost_at = True, time.monotonic()
             self._down = True  # the next frame from a controller makes the transport say Hello again
-            while True:  # the rest of a burst of events
-                await asyncio.wait_for(mon.recv_multipart(), 0)
+            return
+        refused = self._handshake.seen(event, int(msg["value"]))
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.refused = None  # a later connection was let in (its key is back on the allow-list)
+        if refused is None:
+            return
+        if self._welcome is not None and not self._welcome.done():
+            self._welcome.set_exception(refused)
+            return
+        if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL or self.refused is not None:
+            return  # after a Welcome: libzmq keeps reconnecting after these; a restart may cause them
+        self.refused = refused
+        log.error("%s (to fix: %s)", refused.message, refused.hint)
+        for p in list(self._pending.values()):
+            for fut in (p.accepted, p.final):
+                if not fut.done():
+                    fut.set_exception(refused)
+        self._pending.clear()
 
     def _tick(self) -> None:
         now = time.monotonic()
-        if now - self._last_sent >= self.heartbeat_s:
-            self._send(protocol.encode(protocol.Heartbeat(), 0))
+        if now - self._last_sent >= self.heartbeat_s and self.epoch is not None:  # after a Welcome
+            self._send(protocol.encode(protocol.Heartbeat(), 0, token=self.token))
         if not self._down and now - self._last_recv > 3 * self.heartbeat_s:
             self._down = True
             log.warning("controller %s silent for %.1fs", self.addr, now - self._last_recv)
+        quiet = 5 * self.heartbeat_s
+        if self._down and now - self._last_recv > quiet and now - self._reconnected > quiet:
+            self._reconnect(now)
+
+    def _reconnect(self, now: float) -> None:
+        """A new connection: a route the controller keeps for a dead one frees up only once its
+        ZMTP heartbeats time out, and a connection made before that never gets one (sessions)."""
+        if self._sync is None:
+            return
+        self._reconnected = now
+        self.reconnects += 1
+        with contextlib.suppress(zmq.ZMQError):
+            self._sync.disconnect(self.addr)
+        with contextlib.suppress(zmq.ZMQError):
+            self._sync.connect(self.addr)
+        self._disconnected, self._lost_at = True, now  # what libzmq still held is gone: resend on Welcome
 
     def _on_frames(self, frames: list[bytes]) -> None:
         self._last_recv = time.monotonic()
@@ -314,6 +374,12 @@ class Transport:
             pending.final.set_result(env)
 
     def _on_welcome(self, msg: protocol.Welcome) -> None:
+        token = bytes.fromhex(msg.session)
+        if token != self.token:  # a new session (the first, or a controller restarted without state)
+            self.token = token
+            self._out = collections.deque(protocol.stamp(f, token) for f in self._out)
+            for p in self._pending.values():
+                p.frames = protocol.stamp(p.frames, token)
         if self._welcome is not None and not self._welcome.done():
             self._welcome.set_result(msg)
             return

@@ -2,8 +2,10 @@
 
 `tangram up` with no inventory starts cluster ``local``: the controller and one agent as detached
 processes on this machine (``setsid``, stdio to log files under ``clusters/local/logs/``), on
-127.0.0.1 free ports, no SSH. The executor is ``docker`` when dockerd answers (then the
-``tangram/hostroot:1`` image is imported if missing), else ``process``; without NVML GPUs the
+127.0.0.1 free ports, no SSH, with CURVE keys in the cluster's 0700 ``certs/`` directory (only this
+user can connect as an agent or a client; ``curve=False``, `tangram up --insecure`, runs plain TCP,
+which any local user can use: development only). The executor is ``docker`` when dockerd answers
+(then the ``tangram/hostroot:1`` image is imported if missing), else ``process``; without NVML GPUs the
 node gets emulated ones (8 x 80 GiB unless ``--gpus``/``--gpu-mem``).
 
 The controller is started from its resolved configuration (``controller.json``, built by
@@ -145,6 +147,8 @@ def agent_config(
         cfg["mem_mib"] = node.mem_mib
     if node.image:
         cfg["image"] = node.image
+    if getattr(node, "trusted_code_only", False):
+        cfg["trusted_code_only"] = True
     if emulated_gpus:
         cfg["emulated_gpus"] = emulated_gpus
         if gpu_mem_mib:
@@ -279,7 +283,12 @@ class LocalUp:
 
     def to_dict(self) -> dict[str, Any]:
         """The state record plus ``started``, ``how`` and, after a restart in place, ``restarted``."""
-        doc: dict[str, Any] = {**self.state.to_dict(), "started": self.started, "how": self.how}
+        doc: dict[str, Any] = {
+            **self.state.to_dict(),
+            "started": self.started,
+            "how": self.how,
+            "security": "curve" if self.state.certs else "plain",
+        }
         if self.restarted is not None:
             r = self.restarted
             doc["restarted"] = {
@@ -299,7 +308,7 @@ def up_local(
     timeout_s: float = 120.0,
     on_event: Callable[[str], None] | None = None,
     cluster: str = st.DEFAULT_CLUSTER,
-    curve: bool = False,
+    curve: bool = True,
 ) -> tuple[st.ClusterState, bool]:
     """`bring_up_local` for callers that want (state, started_now); what was restarted is told
     through ``on_event``."""
@@ -325,11 +334,13 @@ def bring_up_local(
     timeout_s: float = 120.0,
     on_event: Callable[[str], None] | None = None,
     cluster: str = st.DEFAULT_CLUSTER,
-    curve: bool = False,
+    curve: bool = True,
 ) -> LocalUp:
     """Start, keep or restart the local cluster. A running cluster is kept (dead agents are started
     again); one whose controller died is restarted in place, on the recorded ports, keeping live
-    agents; otherwise a fresh one starts. ``curve``: CURVE keys for a fresh cluster (127.0.0.1)."""
+    agents; otherwise a fresh one starts. ``curve``: CURVE keys for a fresh cluster (the default;
+    False: plain TCP on 127.0.0.1, which every local user can reach). A kept or restarted cluster
+    keeps what it was started with (``security_line`` says which)."""
     say = on_event or (lambda _m: None)
     with st.locked(cluster):
         old = st.load(cluster)
@@ -341,6 +352,19 @@ def bring_up_local(
         state = _start_fresh_controller(cluster, setup, curve, say)
         _start_first_agent(state, setup, timeout_s, say)
         return LocalUp(state, "started")
+
+
+def security_line(state: st.ClusterState) -> str:
+    """One line on how the cluster's sockets are secured (`tangram up` prints it)."""
+    if state.certs:
+        return (
+            f"security: CURVE, keys in {state.certs} (only this user can read them; "
+            "`tangram keys add NAME` for other users or jobs)"
+        )
+    return (
+        "security: plain TCP on 127.0.0.1 (--insecure): any local user can connect as an agent or a "
+        "client; for development only (`tangram down`, then `tangram up` for CURVE)"
+    )
 
 
 def _existing(old: st.ClusterState, timeout_s: float, say: Callable[[str], None]) -> LocalUp | None:
@@ -415,6 +439,8 @@ def _start_fresh_controller(
 
         certs = str(keys.ensure_cluster_keys(cluster, [setup.node.name]))
         say(f"CURVE keys: {certs}")
+    else:
+        say("no keys (--insecure): plain TCP on 127.0.0.1")
     restart.forget_controller_state(cluster)
     proc, _argv, ports = procs.start_controller(
         cluster,
@@ -459,6 +485,8 @@ def _start_first_agent(
         idle_cpus=cpus[:1],
         curve=_local_curve(state.certs, node.name) if state.certs else None,
     )
+    if setup.executor == "process":
+        _contain_or_trust(acfg, say)
     (workdir / "agent.json").write_text(json.dumps(acfg, indent=2) + "\n")
     host = st.HostState(name=node.name, host="127.0.0.1", connection="local", workdir=str(workdir))
     proc = procs.start_local_agent(state.name, host)
@@ -467,6 +495,18 @@ def _start_first_agent(
     st.write(state)
     say(f"agent {node.name} pid {proc.pid}")
     restart.wait_agents(state, [node.name], {node.name: proc}, None, timeout_s)
+
+
+def _contain_or_trust(acfg: dict[str, Any], say: Callable[[str], None]) -> None:
+    """The process executor refuses to start where it cannot contain sandboxes (not root, no cpuset, memory
+    or pids cgroup: docs/agent.md). The local default must still come up with one command: there it runs
+    actions uncontained (``trusted_code_only``, as the user who ran `tangram up`) and says so."""
+    from agent.executors.proc_contain import check
+
+    missing = check(probe=True).missing
+    if missing:
+        acfg["trusted_code_only"] = True
+        say(f"sandboxes are NOT contained (trusted code only): {missing[0]}")
 
 
 def _local_curve(certs: str, node: str) -> dict[str, str]:
@@ -491,7 +531,7 @@ def remove_labelled_containers(cluster: str) -> int:
         found = client.containers.list(all=True, filters={"label": [f"tangram.cluster={cluster}"]})
         for c in found:
             with contextlib.suppress(Exception):
-                c.remove(force=True)
+                c.remove(force=True, v=True)
         return len(found)
     finally:
         client.close()

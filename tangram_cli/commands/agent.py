@@ -36,11 +36,14 @@ import click
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--orphan-timeout", type=float, metavar="S",
               help="Cut off from the controller this long: kill running actions (default 60).")
+@click.option("--trusted-code-only", is_flag=True, default=None,
+              help="Process executor on a host that cannot contain sandboxes (not root, no cgroups): run "
+                   "actions uncontained instead of refusing to start. Only for trusted code.")
 def command(controller: str | None, name: str | None, cluster: str | None, cpus: str | None,
             idle_cpus: str | None, executor: str | None, docker_mode: str | None, mem: str | None,
             emulated_gpus: int | None, gpu_memory: str | None, restore_gbps: float | None, image: str | None,
             config_file: str | None, workdir: str | None, log_file: str | None, log_level: str | None,
-            orphan_timeout: float | None) -> None:
+            orphan_timeout: float | None, trusted_code_only: bool | None) -> None:
     """Run a node agent in the foreground: register with the controller, heartbeat, run its commands.
 
     The agent reports this machine's cores, NUMA layout, memory, cgroup version, Docker and GPUs,
@@ -70,5 +73,6 @@ def command(controller: str | None, name: str | None, cluster: str | None, cpus:
         gpu_mem_mib=parse_mib(gpu_memory, "--gpu-memory") if gpu_memory else None,
         restore_bandwidth_gbps=restore_gbps, image=image, workdir=workdir, log_file=log_file,
         log_level=log_level.upper() if log_level else None, orphan_timeout_s=orphan_timeout,
+        trusted_code_only=trusted_code_only,
     )
     sys.exit(main(cfg))

@@ -53,6 +53,10 @@ def print_ready(state: st.ClusterState, *, started: bool, how: str = "", summary
         + (f", executor {state.executor}" if state.executor else "")
         + (f", gpus {state.gpus}" if state.gpus else "")
     )
+    if state.inventory == "<local default>":
+        from tangram_cli.bootstrap.local import security_line
+
+        click.echo(security_line(state))
     click.echo(f"logs: {st.logs_dir(state.name)}")
     click.echo("next: `tangram status`, `tangram demo`, `tangram down`")
     click.echo(f"export TANGRAM_ADDR={state.address}")
@@ -90,7 +94,13 @@ def print_ready(state: st.ClusterState, *, started: bool, how: str = "", summary
 @click.option(
     "--gpu-mem", default=None, metavar="SIZE", help="Local default: memory per emulated GPU (80GiB)."
 )
-@click.option("--curve", is_flag=True, help="Local default: use CURVE keys too (an inventory always does).")
+@click.option(
+    "--curve/--insecure",
+    default=True,
+    show_default=True,
+    help="Local default: CURVE keys (default; an inventory always uses them), or --insecure: plain TCP "
+    "on 127.0.0.1 that any local user can connect to, as agent or client (development only).",
+)
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.pass_context
 def command(
@@ -144,7 +154,8 @@ def command(
     if dry_run:
         click.echo(
             "local default: start `tangram controller` on 127.0.0.1 (free ports) and one agent "
-            "(`python -m agent`) on this machine; no SSH"
+            "(`python -m agent`) on this machine; no SSH; "
+            + ("CURVE keys in the cluster's certs directory" if curve else "plain TCP (--insecure)")
         )
         return
     name = _up_local(executor, gpus, gpu_mem, min(timeout_s, 120.0), curve, quiet=output == "json")

@@ -31,6 +31,7 @@ class Answers:
     registry: Registry
     post: Callable[..., None]
     final: Callable[..., None]
+    _release_action: Callable[[str], None]
 
     def on_grant(self, c: cmd.Grant) -> None:
         rec = self.registry.actions.get(c.action_id)
@@ -81,6 +82,7 @@ class Answers:
             self.final(ident, rid, protocol.Result({}))
         if rec.final_sent:
             self.registry.actions.pop(c.action_id, None)
+            self._release_action(c.action_id)
             return
         rec.final_sent = True
         detail = "\n".join(str(r) for r in c.reasons)
@@ -89,11 +91,13 @@ class Answers:
             rec.ident, rec.request_id, protocol.Error(code, c.message[: protocol.MAX_TEXT], retryable, detail)
         )
         self.registry.actions.pop(c.action_id, None)
+        self._release_action(c.action_id)
 
     def on_done(self, c: cmd.Done) -> None:
         rec = self.registry.actions.pop(c.action_id, None)
         if rec is None:
             return
+        self._release_action(c.action_id)
         if rec.release is not None:
             ident, rid = rec.release
             self.final(ident, rid, protocol.Result({}))

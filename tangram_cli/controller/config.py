@@ -4,7 +4,8 @@ The file is what `tangram up` writes after resolving an inventory; every key is 
 
     {"cluster": "local",
      "scheduler": {"depth": 2, "client_grace_s": 60, "max_timeout_s": 3600,
-                   "max_outstanding_per_client": 4096, "max_queued": 100000, "max_outbox": 1024},
+                   "max_outstanding_per_client": 4096, "max_queued": 100000, "max_outbox": 1024,
+                   "max_client_bytes": 268435456, "max_held_bytes": 2147483648},
      "services": [{"name": "reward", "runtime": "emulated", "model": "agent.gpu.demo_services:reward",
                    "gpu_mem_mib": 16384, "chunk_sizes": [1, 2], "load_s": 2.0, "t_ori": 0.2,
                    "host_mem_mib": 16384}],
@@ -70,6 +71,11 @@ class ControllerConfig:
     max_outstanding_per_client: int = 4096  # pending requests + undelivered replies, per client
     max_queued: int = 100_000  # unfinished actions (queued + running), all clients together
     max_outbox: int = 1024  # final replies kept per client while its connection cannot take them
+    # Bytes held for clients (docs/protocol.md, "Bytes held for clients"): puts kept before a sandbox's
+    # first exec, stdin and payloads of unfinished actions, undelivered replies. Past the per-client cap
+    # a request that brings bytes gets OVER_CAP; past the global one RETRY_LATER.
+    max_client_bytes: int = 256 << 20
+    max_held_bytes: int = 2 << 30
     services: tuple[ServiceConf, ...] = ()
     apis: tuple[ApiConf, ...] = ()
     profiles: dict[str, Elasticity] = field(default_factory=lambda: dict(BUILTIN_PROFILES))
@@ -167,6 +173,8 @@ def parse_config(raw: dict[str, Any]) -> ControllerConfig:
         ),
         max_queued=_int(sched.get("max_queued", 100_000), "scheduler.max_queued", 1),
         max_outbox=_int(sched.get("max_outbox", 1024), "scheduler.max_outbox", 1),
+        max_client_bytes=_int(sched.get("max_client_bytes", 1 << 28), "scheduler.max_client_bytes", 1 << 20),
+        max_held_bytes=_int(sched.get("max_held_bytes", 1 << 31), "scheduler.max_held_bytes", 1 << 20),
         services=tuple(services),
         apis=tuple(apis),
         profiles=profiles,

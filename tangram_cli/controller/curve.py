@@ -5,7 +5,10 @@
 - Each socket has its own ZAP domain and allow-list: ``agents`` takes only agent keys
   (``certs/agents/``), ``submit`` only client keys (``certs/clients/``), ``status`` client keys
   and the status key (``certs/clients/`` + ``certs/status/``). Allow-lists are re-read when a
-  directory changes, so removing a public key revokes it for new connections.
+  directory changes, so removing a public key revokes it for new connections (``tangram keys
+  revoke NAME`` does that for ``certs/clients/NAME.key``).
+- A key's *name* is its allow-list file's stem (``clients/alice.key`` -> ``alice``);
+  ``ServerAuth.name_of(user_id)`` maps the User-Id ZAP gave a connection to it.
 - Fail closed: ``ZAP_ENFORCE_DOMAIN`` is set on every socket (refuse when no ZAP handler
   answers), and ``self_test`` connects to each socket with an unknown key and with NULL; the
   controller refuses to serve unless both are rejected. If the authenticator task dies, the
@@ -36,30 +39,41 @@ ZAP_DOMAIN = "tangram-{}"
 
 
 class AllowList:
-    """Public keys (Z85) read from certificate files in some directories; re-read on change."""
+    """Public keys (Z85) read from certificate files in some directories; re-read on change.
+
+    Each key's name is the stem of the first file holding it (``clients/alice.key`` -> ``alice``)."""
 
     def __init__(self, dirs: list[Path], quiet: set[bytes] | None = None) -> None:
         self.dirs = dirs
         self.quiet = quiet if quiet is not None else set()  # the self-test's own probe keys
         self._stamp: tuple[float, ...] = ()
-        self._keys: frozenset[bytes] = frozenset()
+        self._names: dict[bytes, str] = {}
 
-    def keys(self) -> frozenset[bytes]:
+    def _fresh(self) -> dict[bytes, str]:
         stamp = tuple(_mtime(d) for d in self.dirs)
         if stamp != self._stamp:
-            found: set[bytes] = set()
+            found: dict[bytes, str] = {}
             for d in self.dirs:
                 for path in sorted(d.glob("*.key")) if d.is_dir() else ():
                     with contextlib.suppress(ConfigError):
-                        found.add(read_cert(str(path))[0])
-            self._keys, self._stamp = frozenset(found), stamp
-        return self._keys
+                        found.setdefault(read_cert(str(path))[0], path.stem)
+            self._names, self._stamp = found, stamp
+        return self._names
+
+    def keys(self) -> frozenset[bytes]:
+        return frozenset(self._fresh())
+
+    def name_of(self, key: bytes) -> str | None:
+        return self._fresh().get(key)
 
     def callback(self, domain: str, key: bytes) -> bool:
-        ok = key in self.keys()
+        ok = key in self._fresh()
         if not ok and key not in self.quiet:
             log.warning(
-                "refused CURVE key %s on %s (not on its allow-list)", key.decode(errors="replace"), domain
+                "refused CURVE key %s on %s (not on its allow-list %s; `tangram keys add NAME` adds one)",
+                key.decode(errors="replace"),
+                domain,
+                " + ".join(f"{d}/" for d in self.dirs),
             )
         return ok
 
@@ -111,6 +125,30 @@ class ServerAuth:
             self._node_keys[node] = key
         return bool(key) and key == user_id
 
+    def name_of(self, user_id: str | bytes) -> str | None:
+        """The name of the key a connection authenticated with, or None.
+
+        ``user_id`` is the ``User-Id`` property of a received frame (``frame.get("User-Id")``): the
+        Z85 public key ZAP accepted for that connection. The name is the stem of the allow-list file
+        that holds the key: ``clients/alice.key`` -> ``"alice"`` (``tangram keys add alice``),
+        ``clients/client.key`` -> ``"client"`` (the cluster's default client key, what the local
+        user's client library uses), ``status/status.key`` -> ``"status"``, ``agents/agent-n1.key``
+        -> ``"agent-n1"``. Looked up in ``clients/``, then ``status/``, then ``agents/``.
+
+        None when the key is on no allow-list (now): it was revoked after this connection was
+        accepted (connections that are up stay up), or ``user_id`` is empty (plain TCP: no keys,
+        no names). The allow-lists are re-read when their directories change, so the answer follows
+        ``tangram keys add/revoke`` without a restart; each call costs a ``stat`` per directory,
+        so call it when a session starts (Hello), not per message."""
+        key = user_id.encode() if isinstance(user_id, str) else bytes(user_id)
+        if not key:
+            return None
+        for domain in ("submit", "status", "agents"):
+            name = self.allow[domain].name_of(key)
+            if name is not None:
+                return name
+        return None
+
     def start(self, on_dead: Callable[[str], None] | None = None) -> None:
         """Start the ZAP handler in the controller's context; call before any bind."""
         from zmq.auth.asyncio import AsyncioAuthenticator
@@ -144,9 +182,25 @@ class ServerAuth:
             log.warning("ZAP_ENFORCE_DOMAIN unavailable in this libzmq (%s); relying on the self-test", exc)
 
     def stop(self) -> None:
+        """Close the ZAP handler now (sync callers; ``aclose`` on a loop that lives on)."""
         auth, self.auth = self.auth, None
         if auth is not None:
             auth.stop()
+
+    async def aclose(self) -> None:
+        """Stop the ZAP handler: its task first, then its socket. pyzmq's ``stop`` closes the socket
+        while the cancelled task has yet to unregister its descriptor from the loop; a ZAP socket
+        made next on the same loop (a controller restarted in this process) may get that descriptor
+        number and lose its reader to the late cleanup, and then no handshake is ever answered."""
+        auth, self.auth = self.auth, None  # None: stopped on purpose, `died` stays quiet
+        if auth is None:
+            return
+        task = getattr(auth, "_AsyncioAuthenticator__task", None)
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        auth.stop()
 
     async def self_test(self, addrs: dict[str, str], timeout_s: float = 5.0) -> None:
         """Refuse to serve unless an unknown CURVE key and a NULL client are both rejected on

@@ -38,6 +38,7 @@ from tangram_cli.controller.driver import Collector, Driver, WallClock, open_jou
 from tangram_cli.controller.gateway import Gateway
 from tangram_cli.controller.ledger import Ledger
 from tangram_cli.controller.recovery import Recovery
+from tangram_cli.controller.sessions import load_secret
 from tangram_cli.controller.state import Registry, cancel_tasks, check_bind, make_router
 from tangram_cli.controller.statusd import StatusServer, build_records
 
@@ -83,7 +84,10 @@ class Controller:
             self.curve.start(on_dead=lambda _why: self.request_stop())
             secure = {name: functools.partial(self.curve.secure, name=name) for name in secure}
         self.agents_sock, self.agents_port = make_router(self.ctx, o.bind, o.agents_port, secure["agents"])
-        self.submit_sock, self.submit_port = make_router(self.ctx, o.bind, o.submit_port, secure["submit"])
+        hb = self.config.heartbeat_s  # the submit socket: no handover, ZMTP heartbeats (sessions.py)
+        self.submit_sock, self.submit_port = make_router(
+            self.ctx, o.bind, o.submit_port, secure["submit"], handover=False, heartbeat_s=hb
+        )
         self.status_sock, self.status_port = make_router(self.ctx, o.bind, o.status_port, secure["status"])
         self.agents = AgentLink(self.agents_sock, self.driver.post, self.registry, self.config, self.epoch)
         if self.curve is not None:  # a node speaks only with its own key (User-Id), never as another node
@@ -91,8 +95,11 @@ class Controller:
         self.gateway = Gateway(
             self.submit_sock, self.driver.post, self.registry, self.agents, self.config, self.epoch
         )
+        if self.curve is not None:  # a client session is bound to its CURVE key (User-Id)
+            self.gateway.use_curve(self.curve)
         self.status = StatusServer(self.status_sock, self._records)
         self.gateway.ledger = Ledger(self.options.state, self.epoch)
+        self.gateway.secret = load_secret(self.options.state)  # session tokens survive a restart on it
         self.recovery = Recovery(
             self.gateway.ledger,
             self.core,
@@ -281,7 +288,7 @@ class Controller:
         for sock in (self.agents_sock, self.submit_sock, self.status_sock):
             sock.close(linger=0)
         if self.curve is not None:
-            self.curve.stop()  # closes the ZAP socket, else term() waits for it
+            await self.curve.aclose()  # closes the ZAP socket, else term() waits for it
         self.ctx.term()
         self.journal.close()
         self.gateway.ledger.close()
@@ -337,6 +344,11 @@ async def serve(
         write_ready(options.ready_file, info)
     if print_ready:
         print(json.dumps(info), flush=True)
+    if controller.curve is None:
+        log.warning(
+            "plain TCP (no --certs): any local user can connect as an agent or a client; for development "
+            "and tests only (`tangram up` runs CURVE)"
+        )
     log.info(
         "controller %s up: agents %s, submit %s, status %s",
         config.cluster,

@@ -11,6 +11,9 @@ Rules (docs/protocol.md, "Controller behaviour"):
    bounded (LRU) and entries expire 5 minutes after their final reply.
 3. Bytes that do not decode get `Error(BAD_REQUEST)` (or `VERSION`); the gateway keeps
    serving. Asks the core can never satisfy get `NO_CAPACITY` from the core's `Reject`.
+   Sessions (`sessions.py`): a client's sandboxes, leases, requests and replies belong to the
+   session its `Welcome` started; only frames carrying that session's token (and, with CURVE,
+   its key) reach them, and its replies go only over the connection its own frames come from.
 4. A client that says `Bye` (the library does on close), or is silent for `client_grace_s`,
    gets `ClientGone`: its queued and running actions are
    cancelled and its sandboxes and leases released. Clients ping with `Heartbeat`; the gateway
@@ -27,15 +30,22 @@ Rules (docs/protocol.md, "Controller behaviour"):
    and is retried on the client's next message or heartbeat; when the outbox is full, the
    client's unfinished actions are cancelled (their errors, like every final reply, stay in
    the reply cache for a resent request).
+7. Bytes held for clients (`holds.py`): a request that brings bytes past the client's cap
+   (`max_client_bytes`) gets `Error(OVER_CAP)`, past the controller's (`max_held_bytes`)
+   `Error(RETRY_LATER)`; nothing of it is kept.
 
 Layout: this module reads requests and runs the per-request handlers; `replies.py` (mixed in)
-keeps the reply cache, the outboxes and the caps (rules 1, 2 and 6), and `answers.py` (mixed in)
-turns the core's verdicts on actions into final replies.
+keeps the reply cache, the outboxes and the caps (rules 1, 2 and 6), `sessions.py` (mixed in)
+admits frames to sessions (rule 3), `holds.py` (mixed in) counts held bytes (rule 7), and
+`answers.py` (mixed in) turns the core's verdicts on actions into final replies; `resumed.py`
+(mixed in) carries owners and held requests over a controller restart, and `presence.py` (mixed
+in) ends silent clients and gives the status rows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import secrets
 from collections.abc import Callable
@@ -53,7 +63,9 @@ from tangram.errors import BadRequest, InternalError, NodeLost, ProtocolError, S
 from tangram_cli.controller.agents import AgentLink
 from tangram_cli.controller.answers import KILL_CODES, Answers
 from tangram_cli.controller.config import ControllerConfig
+from tangram_cli.controller.holds import Holds
 from tangram_cli.controller.ledger import Ledger
+from tangram_cli.controller.presence import Presence
 from tangram_cli.controller.replies import (
     CACHE_MAX,
     CACHE_TTL_S,
@@ -62,6 +74,8 @@ from tangram_cli.controller.replies import (
     ClientState,
     Replies,
 )
+from tangram_cli.controller.resumed import Resumed
+from tangram_cli.controller.sessions import _SRCFD, Sessions, SubmitWire, client_key, client_tag
 from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord
 from tangram_cli.controller.wire import serve, shadow
 
@@ -70,8 +84,9 @@ log = logging.getLogger("tangram.controller.gateway")
 MAX_PENDING_PUT_BYTES = 64 << 20
 
 
-class Gateway(Replies, Answers):
-    """The submit socket's server; replies (cache, outbox, caps) and core verdicts are mixed in."""
+class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
+    """The submit socket's server; replies (cache, outbox, caps), sessions, held bytes and core
+    verdicts are mixed in."""
 
     def __init__(
         self,
@@ -83,6 +98,7 @@ class Gateway(Replies, Answers):
         controller_epoch: int,
     ) -> None:
         self.sock = sock
+        self.wire = SubmitWire(shadow(sock))
         self.post = post
         self.registry = registry
         self.clock = registry.clock
@@ -107,6 +123,8 @@ class Gateway(Replies, Answers):
             "outbox_cancelled": 0,  # actions cancelled because their client's outbox was full
             "send_dropped": 0,  # non-final replies (Accepted, Heartbeat, RetryLater) that could not be sent
         }
+        self._init_sessions(sock)
+        self._init_holds()
 
     # ------------------------------------------------------------ helpers
     def _new_id(self, prefix: str) -> str:
@@ -118,7 +136,7 @@ class Gateway(Replies, Answers):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _welcome(self) -> protocol.Welcome:
+    def _welcome(self, client: ClientState) -> protocol.Welcome:
         return protocol.Welcome(
             protocol.PROTOCOL_MAJOR,
             protocol.PROTOCOL_MINOR,
@@ -127,59 +145,81 @@ class Gateway(Replies, Answers):
             self.config.heartbeat_s,
             self.config.max_outstanding_per_client,
             self.ledger.enabled,
+            client.token.hex() if client.token else "",
         )
+
+    def _tag(self, ident: bytes) -> str:
+        """What logs and status show of a client identity (never the identity itself)."""
+        return client_tag(client_key(ident))
 
     # ------------------------------------------------------------ receive
     async def run(self) -> None:
-        await serve(self.sock, self._on_message)
+        await serve(self.wire, self._on_message)
 
-    def _on_message(self, frames: list[bytes]) -> None:
+    def _on_message(self, raw: list[Any]) -> None:
+        first = raw[0]  # a zmq.Frame (SubmitWire): the connection it came over, and its CURVE key
+        frames = [first.bytes, *raw[1:]]
         try:
-            self._on_frames(frames)
-        except Exception as exc:
+            self._on_frames(frames, first)
+        except Exception:
             log.exception("request handling failed")
-            if len(frames) >= 4 and len(frames[3]) == 8:
-                rid = int.from_bytes(frames[3], "big") & ((1 << 63) - 1)
-                self.fail(frames[0], rid, InternalError(f"controller error ({type(exc).__name__})"))
+            if len(frames) >= 4 and len(frames[3]) >= 8:  # answered, not cached: it may not be the session's
+                rid = int.from_bytes(frames[3][:8], "big") & ((1 << 63) - 1)
+                self._send(frames[0], protocol.Error.from_exception(InternalError("controller error")), rid)
 
-    def _on_frames(self, frames: list[bytes]) -> None:
+    def _on_frames(self, frames: list[bytes], head: Any) -> None:
+        """One message: ``frames`` as bytes, ``head`` its identity frame as a `zmq.Frame`."""
         if len(frames) < 2:
             return
         ident = frames[0]
-        client = self.clients.get(ident)
-        if client is None:
-            now = self.clock.now()
-            client = self.clients[ident] = ClientState(ident, ident.hex(), last_seen=now, connected=now)
-        client.last_seen = self.clock.now()
-        if ident in self.outbox:  # any message, heartbeats included, retries what waits for it
-            self._flush(ident)
         try:
             env = protocol.decode(frames[1:])
-        except ProtocolError as exc:
+        except ProtocolError as exc:  # answered to whoever sent it; no session is touched
             self.counters["bad_requests"] += 1
             rid = 0
-            if len(frames) >= 4 and len(frames[3]) == 8:
-                rid = int.from_bytes(frames[3], "big") & ((1 << 63) - 1)
-            log.info("bad request from %s: %s", client.key[:12], exc)
+            if len(frames) >= 4 and len(frames[3]) >= 8:
+                rid = int.from_bytes(frames[3][:8], "big") & ((1 << 63) - 1)
+            log.info("bad request from %s: %s", self._tag(ident), exc)
             self._send(ident, protocol.Error.from_exception(exc), rid)
             return
         msg, rid = env.msg, env.request_id
+        if isinstance(msg, protocol.Hello) and (problem := self._hello_problem(msg)) is not None:
+            self._send(ident, protocol.Reject(problem), rid)
+            return
+        client = self.clients.get(ident)
+        user = head.get("User-Id") if self.curve_on else ""  # a property of the whole message
+        if (
+            client is None
+            or client.token is None
+            or not hmac.compare_digest(env.token, client.token)
+            or (self.curve_on and user != client.user)
+        ):
+            client = self._admit(ident, env, user, client)  # sessions.py: start, resume or refuse
+            if client is None:
+                return
+        elif client.alias:  # its client has the new token now
+            client.alias = b""
+        try:
+            fd = head.get(_SRCFD)  # deprecated in libzmq 4.x, still there in 4.3
+        except zmq.ZMQError:  # a libzmq without it: replies follow the identity's route as before
+            fd = 0
+        if fd != client.route:  # its own frame over another connection: replies go there now
+            self._attach(client, fd)
+        client.last_seen = self.clock.now()
+        if ident in self.outbox:  # any message, heartbeats included, retries what waits for it
+            self._flush(ident)
         if not client.welcomed and not isinstance(msg, protocol.Hello):
-            # a client of a previous controller (a restart): it learns the new epoch from its
-            # first contact, heartbeat or request, and resends what it waits for
+            # a client of a previous controller (a restart): it learns the new epoch (and its
+            # session token) from its first contact, heartbeat or request, and resends what it waits for
             client.welcomed = True
-            self._send(ident, self._welcome(), 0)
+            self._send(ident, self._welcome(client), 0)
         if isinstance(msg, protocol.Heartbeat):
             self._send(ident, protocol.Heartbeat(), 0)
             return
         if isinstance(msg, protocol.Hello):
-            problem = protocol.version_problem(msg)
-            if problem is not None or msg.role != "client":
-                reason = problem or f"role {msg.role!r} on the submit socket"
-                self._send(ident, protocol.Reject(reason), rid)
-                return
             client.name, client.welcomed = msg.name, True
-            self._send(ident, self._welcome(), rid)
+            client.owner = self._owner(client.user, msg.name)
+            self._send(ident, self._welcome(client), rid)
             return
         if isinstance(msg, protocol.Bye):
             self._client_gone(client, "said bye")
@@ -191,10 +231,25 @@ class Gateway(Replies, Answers):
         sandbox = getattr(msg, "sandbox", "")
         if sandbox and (sb := self.registry.sandboxes.get(sandbox)) is not None and sb.restoring:
             sb.deferred.append((ident, rid, msg, env.blobs))  # until its node's agent is back
+            self._charge(ident, _size(env.blobs))  # held until handle_held
             return
         if self.hold is not None and self.hold((ident, rid, msg, env.blobs)):
+            self._charge(ident, _size(env.blobs))  # held until handle_held
             return  # after a restart: until the nodes it knew are back (Recovery.hold)
         self._handle(client, rid, msg, env.blobs)
+
+    @staticmethod
+    def _hello_problem(msg: protocol.Hello) -> str | None:
+        problem = protocol.version_problem(msg)
+        if problem is None and msg.role != "client":
+            problem = f"role {msg.role!r} on the submit socket"
+        if problem is None and msg.minor < protocol.SESSIONS_MINOR:
+            problem = (
+                f"client speaks {msg.major}.{msg.minor}; this controller needs "
+                f"{protocol.PROTOCOL_MAJOR}.{protocol.SESSIONS_MINOR} or newer (session tokens): "
+                "upgrade tangram on the client"
+            )
+        return problem
 
     def _handle(self, client: ClientState, rid: int, msg: protocol.Message, blobs: tuple[bytes, ...]) -> None:
         ident = client.ident
@@ -208,44 +263,16 @@ class Gateway(Replies, Answers):
                 rid,
             )
             return
-        if type(msg) in _CAPPED and self._refuse(client, rid, msg):
-            return
+        if type(msg) in _CAPPED:
+            if self._refuse(client, rid, msg):
+                return
+            if blobs and self._over_bytes_cap(client, rid, _size(blobs)):
+                return
         try:
             handler(self, client, rid, msg, blobs)
         except TangramError as exc:
             self.counters["bad_requests"] += 1
             self.fail(ident, rid, exc)
-
-    # ------------------------------------------------------------ after a controller restart
-    def restore_client(self, ident: bytes) -> None:
-        """A restored sandbox's owner: known, so its silence ends in ClientGone like anyone's."""
-        if ident not in self.clients:
-            now = self.clock.now()
-            self.clients[ident] = ClientState(ident, ident.hex(), last_seen=now, connected=now)
-
-    def resume(self, sandbox: str) -> None:
-        """Handle the requests held while ``sandbox`` waited for its node (adopted or lost now)."""
-        rec = self.registry.sandboxes.get(sandbox)
-        if rec is None:
-            return
-        held, rec.deferred = rec.deferred, []
-        self.handle_held(held)
-
-    def handle_held(self, held: list[tuple[bytes, int, Any, tuple[bytes, ...]]]) -> None:
-        """Handle requests that were held (by sandbox, or until the nodes came back)."""
-        for ident, rid, msg, blobs in held:
-            client = self.clients.get(ident)
-            if client is None:
-                self.restore_client(ident)
-                client = self.clients[ident]
-            entry = self.cache.get((ident, rid))
-            if entry is not None:  # a copy was handled already
-                continue
-            try:
-                self._handle(client, rid, msg, blobs)
-            except Exception as exc:
-                log.exception("held request failed")
-                self.fail(ident, rid, InternalError(f"controller error ({type(exc).__name__})"))
 
     # ------------------------------------------------------------ requests
     def _budget(self, budget_ms: int) -> float:
@@ -299,6 +326,8 @@ class Gateway(Replies, Answers):
             return
         rec.closed = True
         rec.pending_puts.clear()
+        rec.pending_bytes = 0
+        self._charge_puts(msg.sandbox, client.ident, 0)
         ident = client.ident
         self.post(ev.SandboxClosed(msg.sandbox), lambda cmds: self.final(ident, rid, protocol.Result({})))
 
@@ -314,10 +343,14 @@ class Gateway(Replies, Answers):
             rec.pending_puts = [(p, d) for p, d in rec.pending_puts if p != msg.path]
             rec.pending_puts.append((msg.path, data))
             rec.pending_bytes = sum(len(d) for _, d in rec.pending_puts)
+            self._charge_puts(msg.sandbox, client.ident, rec.pending_bytes)  # held until placed or closed
             self.final(client.ident, rid, protocol.Result({"queued": True, "size": len(data)}))
             return
+        self._charge(client.ident, len(data))  # held until the agent answers
         self._spawn_task(
-            self._file(client.ident, rid, msg.sandbox, protocol.PutFile(msg.sandbox, msg.path), [data])
+            self._file(
+                client.ident, rid, msg.sandbox, protocol.PutFile(msg.sandbox, msg.path), [data], len(data)
+            )
         )
 
     def _on_get(self, client: ClientState, rid: int, msg: protocol.Get, blobs: tuple[bytes, ...]) -> None:
@@ -334,7 +367,7 @@ class Gateway(Replies, Answers):
         )
 
     async def _file(
-        self, ident: bytes, rid: int, sandbox: str, msg: protocol.Message, blobs: list[bytes]
+        self, ident: bytes, rid: int, sandbox: str, msg: protocol.Message, blobs: list[bytes], held: int = 0
     ) -> None:
         try:
             env = await self.agents.file_request(sandbox, msg, blobs)
@@ -344,6 +377,9 @@ class Gateway(Replies, Answers):
         except TangramError as exc:
             self.fail(ident, rid, exc)
             return
+        finally:
+            if held:
+                self._uncharge(ident, held)
         if isinstance(env.msg, protocol.Error):
             self.final(ident, rid, env.msg)
         else:
@@ -375,10 +411,13 @@ class Gateway(Replies, Answers):
         self._register(client, rid, kind, spec.action_id)
         ident, aid = client.ident, spec.action_id
 
+        self._charge_action(aid, ident, len(rec.stdin or b"") + len(rec.payload))  # held until it ends
+
         def after(cmds: list[cmd.Command] | None) -> None:
             if cmds is None:
                 self.fail(ident, rid, InternalError("the scheduler failed on this request"))
                 self.registry.actions.pop(aid, None)
+                self._release_action(aid)
                 return
             if not rec.final_sent and kind in ("exec", "call"):
                 rec.granted = True
@@ -491,63 +530,11 @@ class Gateway(Replies, Answers):
                 self.post(ev.ActionCancelled(entry.action_id, "cancelled"))
         self.final(client.ident, rid, protocol.Result({}))
 
-    # ------------------------------------------------------------ liveness
-    async def liveness(self) -> None:
-        grace = self.config.client_grace_s
-        while True:
-            await asyncio.sleep(max(0.05, min(1.0, grace / 4)))
-            now = self.clock.now()
-            unread = shadow(self.sock).getsockopt(zmq.EVENTS) & zmq.POLLIN  # judge only what was read
-            for client in list(self.clients.values()):
-                if not unread and now - client.last_seen > grace:
-                    self._client_gone(client, f"silent for {now - client.last_seen:.1f}s")
-            for ident in list(self.outbox):
-                self._flush(ident)
-            self._expire_finals(now)
-            for name, sb in list(self.registry.sandboxes.items()):
-                if sb.closed and sb.busy == 0 and now - sb.opened > 1.0:
-                    self.registry.sandboxes.pop(name, None)
-
-    def _client_gone(self, client: ClientState, why: str) -> None:
-        """Release everything the client holds (ClientGone); its cached replies stay until they expire."""
-        self.clients.pop(client.ident, None)
-        self.counters["clients_gone"] += 1
-        self._drop_outbox(client.ident)  # its final replies stay in the cache until they expire
-        owned = [
-            rec for rec in self.registry.sandboxes.values() if rec.client == client.key and not rec.closed
-        ]
-        busy = any(
-            rec.client == client.key for rec in self.registry.actions.values()
-        )  # queued, running, leases
-        log.info("client %s (%s) %s: releasing its work", client.name, client.key[:12], why)
-        for rec in owned:
-            rec.closed = True
-            rec.pending_puts.clear()
-        if owned or busy:
-            self.post(ev.ClientGone(client.key))
-
     async def close(self) -> None:
         from tangram_cli.controller.state import cancel_tasks
 
         await cancel_tasks(self._tasks)
-
-    def rows(self) -> list[dict[str, Any]]:
-        now = self.clock.now()
-        return [
-            {
-                "client": c.key,
-                "name": c.name,
-                "silent_s": round(now - c.last_seen, 3),
-                "connected_s": round(now - c.connected, 3),
-                "requests": c.requests,
-                "outstanding": self.outstanding.get(c.ident, 0),
-                "outbox": len(self.outbox.get(c.ident, ())),
-                "sandboxes": sum(
-                    1 for s in self.registry.sandboxes.values() if s.client == c.key and not s.closed
-                ),
-            }
-            for c in sorted(self.clients.values(), key=lambda c: c.connected)
-        ]
+        self._close_monitor()
 
 
 _HANDLERS: dict[type, Callable[..., None]] = {
@@ -567,6 +554,10 @@ _HANDLERS: dict[type, Callable[..., None]] = {
 _CAPPED = frozenset(
     {protocol.SandboxOpen, protocol.Put, protocol.Get, protocol.Exec, protocol.Call, protocol.Lease}
 )
+
+
+def _size(blobs: tuple[bytes, ...] | list[bytes]) -> int:
+    return sum(len(b) for b in blobs)
 
 
 def lease_spec(aid: str, api: str, units: int, client: str, timeout_s: float) -> ActionSpec:
@@ -593,5 +584,6 @@ __all__ = [  # the cache, client and kill-code names live in replies.py and answ
     "CacheEntry",
     "ClientState",
     "Gateway",
+    "SubmitWire",
     "lease_spec",
 ]

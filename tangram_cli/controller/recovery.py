@@ -41,6 +41,7 @@ from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.scheduler import Scheduler
 from tangram_cli.controller.ledger import ANSWER_TTL_S, LeaseFact, Ledger, Restored
+from tangram_cli.controller.sessions import client_key
 from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class Recovery:
             rec = SandboxRecord(
                 s.sandbox,
                 s.ident,
-                s.ident.hex(),
+                client_key(s.ident),
                 s.image,
                 s.mem_mib,
                 s.reserve,
@@ -152,7 +153,7 @@ class Recovery:
                 "lease",
                 lf.ident,
                 lf.rid,
-                lf.ident.hex(),
+                client_key(lf.ident),
                 now,
                 now + left,
                 units=lf.units,
@@ -161,7 +162,7 @@ class Recovery:
                 final_sent=True,
             )
             self.gateway.restore_client(lf.ident)
-            step(ev.ActionSubmitted(lease_spec(lf.action, lf.api, lf.units, lf.ident.hex(), left)))
+            step(ev.ActionSubmitted(lease_spec(lf.action, lf.api, lf.units, client_key(lf.ident), left)))
         self.counters["restored_leases"] = len(live)
 
     # ------------------------------------------------------------ while running

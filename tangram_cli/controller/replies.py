@@ -4,7 +4,12 @@ Rules 1, 2 and 6 of `gateway.py`: every request gets one final reply, cached per
 identity, request id) so that a resent request gets it again (LRU, `CACHE_MAX` entries, kept
 `CACHE_TTL_S` after the final reply); a final reply the ROUTER cannot send waits in the
 client's bounded outbox (order kept) and a full outbox cancels the client's unfinished actions;
-a request that would start work past a cap is refused at once with `RETRY_LATER`.
+a request that would start work past a cap is refused at once with `RETRY_LATER`. Nothing is
+sent to a session that is blocked (`sessions.py`, rule 2): its final replies wait in its outbox.
+Large cached finals (over `LARGE_FINAL_BYTES`: file contents, long outputs) share a byte budget
+(half of `scheduler.max_held_bytes`); past it the oldest are kept as a `NODE_LOST` "result not
+kept" reply, as the state file keeps them (`ledger.MAX_ANSWER_BYTES`): a resent `GET` runs again
+(the library retries an idempotent request once after `NodeLost`), nothing runs twice.
 
 `Gateway` inherits these methods (as `AgentLink` inherits `GpuCommands`); they use its socket,
 clock, config, registry, clients, counters, ledger and `post`. `_init_replies` creates the state
@@ -31,18 +36,28 @@ log = logging.getLogger("tangram.controller.gateway")
 
 CACHE_MAX = 65536
 CACHE_TTL_S = 300.0
-MAX_OUTBOX_BYTES = 256 << 20  # per client, next to the config's max_outbox (messages)
+LARGE_FINAL_BYTES = 1 << 20  # a cached final over this counts against the cache's byte budget
+MAX_OUTBOX_BYTES = 256 << 20  # the default of scheduler.max_client_bytes, which bounds an outbox's bytes
 
 
 @dataclass
 class ClientState:
-    ident: bytes
-    key: str  # the core's client id (identity hex)
+    """One client session (`sessions.py`)."""
+
+    ident: bytes  # the routing identity: where replies go, never a proof of who sent a frame
+    key: str  # the core's client key (`sessions.client_key`: a hash of the identity)
     name: str = ""
     last_seen: float = 0.0  # controller clock
     connected: float = 0.0
     requests: int = 0
     welcomed: bool = False  # said Hello to this controller, or was told its epoch unasked
+    token: bytes | None = None  # the session token; None: restored after a restart, not yet back
+    alias: bytes = b""  # the token its first frame carried when that was another controller's (sessions.py)
+    user: str = ""  # with CURVE: the User-Id (public key) the session is bound to
+    owner: str = ""  # what status calls it: the CURVE key's name, else the Hello name
+    route: int = -1  # the connection its own frames come over (SRCFD); -1: none now, send nothing
+    blocked: bool = False  # a frame of another connection came over this identity since its last own one
+    refused: int = 0  # frames refused on this identity (wrong token or key)
 
 
 @dataclass(slots=True)
@@ -52,12 +67,14 @@ class CacheEntry:
     final: list[bytes] | None = None
     expires: float = 0.0
     counted: bool = False  # counts toward the client's outstanding requests until its final reply
+    size: int = 0  # a large final's bytes while they count in `Replies.cache_large_bytes`
 
 
 class Replies:
     """Mixed into `Gateway` (which provides the attributes below)."""
 
     sock: Any
+    wire: Any  # the submit socket as the gateway reads and sends on it (sessions.SubmitWire)
     clock: Any
     config: ControllerConfig
     registry: Registry
@@ -65,13 +82,19 @@ class Replies:
     clients: dict[bytes, ClientState]
     counters: dict[str, int]
     ledger: Ledger
+    _touch_gone: Callable[[bytes], int]
+    _tag: Callable[[bytes], str]
+    _watch_routes: Callable[[], None]
 
     def _init_replies(self) -> None:
         self.cache: OrderedDict[tuple[bytes, int], CacheEntry] = OrderedDict()
         self.outstanding: dict[bytes, int] = {}  # per client identity: requests without a final reply
         self.outbox: dict[bytes, deque[tuple[list[bytes], int]]] = {}  # finals the ROUTER could not send
         self.outbox_bytes: dict[bytes, int] = {}
+        self.outbox_total = 0  # bytes in all outboxes together
         self._overflowed: set[bytes] = set()  # clients whose work was cancelled for a full outbox
+        self._large: deque[tuple[tuple[bytes, int], CacheEntry]] = deque()  # large finals, oldest first
+        self.cache_large_bytes = 0  # their bytes (counter `finals_not_kept`: those kept as stubs)
 
     # ------------------------------------------------------------ sending
     def _send(
@@ -82,11 +105,14 @@ class Replies:
         except ProtocolError as exc:  # e.g. a result too large for one message
             log.error("reply to request %d does not encode: %s", rid, exc)
             frames = encode_to(ident, protocol.Error("INTERNAL", f"reply does not encode: {exc}", False), rid)
-        if not send_now(self.sock, frames):
+        if not send_now(self.wire, frames):
             self.counters["send_dropped"] += 1
 
     def _send_accepted(self, ident: bytes, rid: int) -> None:
-        if not send_now(self.sock, [ident, *protocol.encode_trusted(protocol.Accepted(), rid)]):
+        client = self.clients.get(ident)  # (no monitor read: an Accepted carries nothing of the session)
+        if (client is not None and client.route < 0) or not send_now(
+            self.wire, [ident, *protocol.encode_trusted(protocol.Accepted(), rid)]
+        ):
             self.counters["send_dropped"] += 1
 
     def final(
@@ -113,8 +139,42 @@ class Replies:
             self._uncount(ident)
         entry.final = frames
         entry.expires = self.clock.now() + CACHE_TTL_S
+        self._keep_large(key, entry, frames)
         self.ledger.answered(ident, rid, entry.kind, frames)  # on disk before the client can see it
         self._deliver(ident, [ident, *frames])
+
+    def _keep_large(self, key: tuple[bytes, int], entry: CacheEntry, frames: list[bytes]) -> None:
+        """Count a large final against the cache's byte budget; past it, keep the oldest as stubs."""
+        self._forget_large(entry)
+        if len(frames) <= 4:  # no blobs: a body alone is at most MAX_BODY_BYTES (= LARGE_FINAL_BYTES)
+            return
+        size = sum(map(len, frames))
+        if size <= LARGE_FINAL_BYTES:
+            return
+        entry.size = size
+        self.cache_large_bytes += size
+        large = self._large
+        while large and not large[0][1].size:  # already gone from the cache
+            large.popleft()
+        large.append((key, entry))
+        budget = self.config.max_held_bytes // 2
+        while self.cache_large_bytes > budget and large:
+            (_, rid), old = large.popleft()
+            if not old.size:
+                continue
+            mib = old.size >> 20
+            self._forget_large(old)
+            self.counters["finals_not_kept"] += 1
+            text = (
+                f"the request finished and was answered; its {mib} MiB reply is not kept for a resend "
+                f"(the controller keeps at most {budget >> 20} MiB of large replies)"
+            )
+            old.final = protocol.encode(protocol.Error("NODE_LOST", text, False), rid)
+
+    def _forget_large(self, entry: CacheEntry) -> None:
+        if entry.size:
+            self.cache_large_bytes -= entry.size
+            entry.size = 0
 
     def fail(self, ident: bytes, rid: int, exc: BaseException) -> None:
         self.final(ident, rid, protocol.Error.from_exception(exc))
@@ -149,11 +209,15 @@ class Replies:
         return True
 
     def _cache_put(self, key: tuple[bytes, int], entry: CacheEntry) -> None:
+        replaced = self.cache.get(key)
+        if replaced is not None and replaced is not entry:
+            self._forget_large(replaced)
         self.cache[key] = entry
         self.cache.move_to_end(key)
         now = self.clock.now()
         while len(self.cache) > CACHE_MAX:
             (old_ident, _), old = self.cache.popitem(last=False)
+            self._forget_large(old)
             if old.counted and old.final is None:
                 self._uncount(old_ident)
         self._expire_finals(now, 4)  # a few old finals per insert (amortised)
@@ -165,6 +229,7 @@ class Replies:
             _, e = next(iter(self.cache.items()))
             if e.final is not None and e.expires < now:
                 self.cache.popitem(last=False)
+                self._forget_large(e)
                 dropped += 1
             else:
                 return
@@ -187,39 +252,50 @@ class Replies:
             self.outstanding.pop(ident, None)
 
     def _deliver(self, ident: bytes, frames: list[bytes]) -> None:
-        """Send a final reply now, or keep it in the client's bounded outbox (order kept)."""
-        if ident in self.outbox:
-            self._flush(ident)
-        if ident not in self.outbox and send_now(self.sock, frames):
+        """Send a final reply now, or keep it in the client's bounded outbox (order kept). A
+        session without a route always waits (sessions.py, rules 2 and 3)."""
+        self._watch_routes()
+        client = self.clients.get(ident)
+        if client is None:  # gone: sent if its connection is still up; it stays in the cache for a resend
+            if self._touch_gone(ident) < 0 or not send_now(self.wire, frames):
+                self.counters["send_dropped"] += 1
             return
-        if ident not in self.clients:  # gone: the reply stays in the cache for a resend
-            self.counters["send_dropped"] += 1
-            return
+        if client.route >= 0:
+            if ident in self.outbox:
+                self._flush(ident)
+            if ident not in self.outbox and send_now(self.wire, frames):
+                return
         size = sum(len(f) for f in frames)
         box = self.outbox.setdefault(ident, deque())
         used = self.outbox_bytes.get(ident, 0)
-        if len(box) >= self.config.max_outbox or used + size > MAX_OUTBOX_BYTES:
+        if len(box) >= self.config.max_outbox or used + size > self.config.max_client_bytes:
             self.counters["outbox_overflows"] += 1
             self._overflow(ident, len(box))
             return
         box.append((frames, size))
         self.outbox_bytes[ident] = used + size
+        self.outbox_total += size
         self.counters["outbox_queued"] += 1
 
     def _flush(self, ident: bytes) -> None:
+        self._watch_routes()
+        client = self.clients.get(ident)
+        if client is None or client.route < 0:
+            return
         box = self.outbox.get(ident)
         while box:
             frames, size = box[0]
-            if not send_now(self.sock, frames):
+            if not send_now(self.wire, frames):
                 return
             box.popleft()
             self.outbox_bytes[ident] -= size
+            self.outbox_total -= size
         self._drop_outbox(ident)
 
     def _drop_outbox(self, ident: bytes) -> None:
         """Forget the client's outbox (its final replies stay in the cache until they expire)."""
         self.outbox.pop(ident, None)
-        self.outbox_bytes.pop(ident, None)
+        self.outbox_total -= self.outbox_bytes.pop(ident, 0)
         self._overflowed.discard(ident)
 
     def _overflow(self, ident: bytes, waiting: int) -> None:
@@ -230,7 +306,7 @@ class Replies:
         victims = [a for a, rec in self.registry.actions.items() if rec.ident == ident and not rec.final_sent]
         log.warning(
             "client %s is not reading: outbox full (%d replies waiting); cancelling %d unfinished actions",
-            ident.hex()[:12],
+            self._tag(ident),
             waiting,
             len(victims),
         )

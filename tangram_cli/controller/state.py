@@ -126,21 +126,75 @@ def check_loopback(bind: str) -> None:
     check_bind(bind, curve=False)
 
 
-def check_bind(bind: str, *, curve: bool) -> None:
-    host = bind.strip("[]")
+WILDCARDS = ("*", "", "0", "0.0.0.0", "::", "[::]")
+
+
+def bind_addresses(bind: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """What ``bind`` listens on, as addresses: an IP literal (``[...]`` allowed; an IPv4-mapped IPv6
+    address counts as its IPv4 address), ``localhost``, or a host name, which is resolved (every
+    address it resolves to). ValueError when it is none of these."""
+    host = bind.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     if host == "localhost":
-        return
+        return [ipaddress.ip_address("127.0.0.1")]
     try:
-        addr = ipaddress.ip_address(host)
+        found = [ipaddress.ip_address(host)]
     except ValueError:
-        raise ValueError(f"--bind must be an IP address, got {bind!r}") from None
-    if addr.is_unspecified:
-        raise ValueError(f"refusing to bind {bind}: name one interface address, not every interface")
-    if not curve and not addr.is_loopback:
+        import socket
+
+        try:
+            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError) as exc:
+            raise ValueError(
+                f"--bind {bind!r} is neither an IP address nor a host name that resolves ({exc})"
+            ) from None
+        found = [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
+    out: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+    for addr in found:
+        mapped = addr.ipv4_mapped if isinstance(addr, ipaddress.IPv6Address) else None
+        out.append(mapped if mapped is not None else addr)
+    return out
+
+
+def check_bind(bind: str, *, curve: bool) -> None:
+    """Refuse what would listen beyond this machine without keys, in any spelling.
+
+    Never (CURVE or not) a wildcard: ``*``, ``0.0.0.0``, ``::``, ``[::]``, ``::ffff:0.0.0.0`` and
+    names resolving to one (reliability.md section 4: bind to a configured interface address). Without
+    CURVE only loopback: ``127.0.0.0/8``, ``::1``, ``::ffff:127.x.y.z``, ``localhost``, and host names
+    whose every address is loopback (names are resolved here, and the controller binds the address
+    they resolve to: ``bind_host``)."""
+    if bind.strip() in WILDCARDS:
+        raise ValueError(f"refusing to bind {bind!r}: name one interface address, not every interface")
+    addrs = bind_addresses(bind)
+    if not addrs:
+        raise ValueError(f"--bind {bind!r} resolves to no address")
+    if any(a.is_unspecified for a in addrs):
+        raise ValueError(f"refusing to bind {bind!r}: it means every interface; name one interface address")
+    outside = [str(a) for a in addrs if not a.is_loopback]
+    if not curve and outside:
+        what = f"{bind} ({', '.join(outside)})" if outside != [bind.strip("[] ")] else bind
         raise ValueError(
-            f"refusing to bind {bind}: plain TCP is only allowed on loopback addresses; "
-            "pass --certs DIR (CURVE keys, which `tangram up INVENTORY` creates) or use --bind 127.0.0.1"
+            f"refusing to bind {what}: plain TCP is only allowed on loopback addresses; "
+            "pass --certs DIR (CURVE keys, which `tangram up` creates) or use --bind 127.0.0.1"
         )
+
+
+def bind_host(bind: str) -> str:
+    """The IP literal to hand libzmq for ``bind`` (libzmq resolves no host names when binding):
+    ``localhost`` -> ``127.0.0.1``, a host name -> the first address it resolves to."""
+    host = bind.strip()
+    if host == "localhost":
+        return "127.0.0.1"
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+        return host
+    except ValueError:
+        pass
+    addrs = bind_addresses(bind)
+    return str(addrs[0]) if addrs else host
 
 
 def make_router(
@@ -148,20 +202,30 @@ def make_router(
     bind: str,
     port: int,
     secure: Callable[[zmq.asyncio.Socket], None] | None = None,
+    *,
+    handover: bool = True,
+    heartbeat_s: float = 0.0,
 ) -> tuple[zmq.asyncio.Socket, int]:
-    """A ROUTER bound to ``bind:port``; ``secure`` (CURVE server options) runs before the bind."""
+    """A ROUTER bound to ``bind:port``; ``secure`` (CURVE server options) runs before the bind.
+    ``handover=False``: a second connection with a live routing identity gets no route (the submit
+    socket: sessions.py); ``heartbeat_s`` > 0: ZMTP pings every that many seconds, and a connection
+    silent for 5 of them is dropped (so a dead peer's route frees up)."""
     sock = ctx.socket(zmq.ROUTER)
     if secure is not None:
         secure(sock)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1 if handover else 0)
+    if heartbeat_s > 0:
+        ivl = max(100, int(heartbeat_s * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5 * ivl)
     sock.setsockopt(zmq.SNDHWM, 10000)
     sock.setsockopt(zmq.RCVHWM, 10000)
     sock.setsockopt(zmq.SNDTIMEO, 0)
     sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)
-    host = "127.0.0.1" if bind == "localhost" else bind
+    host = bind_host(bind)
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
         sock.setsockopt(zmq.IPV6, 1)

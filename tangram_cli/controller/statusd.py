@@ -20,10 +20,18 @@
   `resident` (instances), `inflight`, `queued`.
 - `apis`: `api`, `mode`, `limit`, `period_s`, `in_flight`, `used`, `queued`.
 - `queue`: waiting actions in FCFS order (at most `limit`): `action`, `pool`, `kind` (exec |
-  call | lease | open), `client`, `state` ("PD"), `waited_s`, `demand`, `reason`.
-- `actions`: running actions (at most `limit`): `action`, `kind`, `client`, `sandbox`,
+  call | lease | open), `client` (tag), `owner` (its client's name), `state` ("PD"), `waited_s`,
+  `demand`, `reason`.
+- `actions`: running actions (at most `limit`): `action`, `kind`, `client` (tag), `owner`, `sandbox`,
   `state` ("R", or "CG" once a kill was sent), `node`, `run_s`, `grant` (cores or GPUs).
-- `clients`: `client`, `name`, `silent_s`, `connected_s`, `requests`, `outstanding` (requests without a final reply), `outbox` (final replies waiting to be sent), `sandboxes`.
+- `clients`: `client`, `name` (the Hello's), `owner` (the CURVE key's name, else `name`),
+  `silent_s`, `connected_s`, `requests`, `outstanding` (requests without a final reply), `outbox`
+  (final replies waiting to be sent), `held_bytes` (`holds.py`), `connected` (the session has a
+  route), `refused` (frames of other connections refused on its identity), `sandboxes`.
+
+Clients are named, never identified: `client` is everywhere a 6-hex-digit tag of the routing
+identity (`sessions.client_tag`), and no record holds an identity, a token or a key (issue 11:
+a routing identity once shown here was enough to take over a client's sandboxes).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from tangram import protocol
 from tangram.core.actions import Kind
 from tangram.core.scheduler import Scheduler
 from tangram.errors import ProtocolError
+from tangram_cli.controller.sessions import client_tag
 from tangram_cli.controller.state import encode_to
 from tangram_cli.controller.wire import send_now, serve
 
@@ -151,6 +160,7 @@ def build_records(
     snap = core.snapshot(limit=limit)
     out: dict[str, Any] = {}
     agents = {a["node"]: a for a in agent_rows}
+    owners = {r["client"]: r.get("owner") or r.get("name", "") for r in client_rows}  # tag -> name
     busy_by_node: dict[str, int] = {}
     for sb in sandboxes:
         if sb.busy and not sb.closed:
@@ -241,7 +251,8 @@ def build_records(
                 "action": r.action_id,
                 "pool": r.pool,
                 "kind": r.kind,
-                "client": r.client,
+                "client": client_tag(r.client),
+                "owner": owners.get(client_tag(r.client), ""),
                 "state": "PD",
                 "waited_s": round(r.waited_s, 3),
                 "demand": r.demand,
@@ -262,7 +273,8 @@ def build_records(
                 {
                     "action": rec.action_id,
                     "kind": rec.kind,
-                    "client": rec.client,
+                    "client": client_tag(rec.client),
+                    "owner": owners.get(client_tag(rec.client), ""),
                     "sandbox": rec.sandbox,
                     "state": "CG" if rec.kill_reason else "R",
                     "node": rec.node,

@@ -203,6 +203,7 @@ class VarsSpec(Spec):
     idle_cpus: CpuSet | None = None
     mem: SizeMiB | None = None
     executor: Executor | None = None
+    trusted_code_only: bool | None = None  # process executor on a host that cannot contain sandboxes
     image: Image | None = None
     gpus: GpuSelector = None
     emulated_gpus: bool | None = None
@@ -393,6 +394,7 @@ class Node:
     group: str = ""
     emulated_gpus: bool = False
     gpu_mem_mib: int | None = None
+    trusted_code_only: bool = False  # run uncontained where the host cannot contain (docs/agent.md)
 
     @property
     def gpu_count(self) -> int | None:

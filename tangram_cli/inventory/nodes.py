@@ -100,6 +100,7 @@ _VARS_BASE: dict[str, Any] = {
     "idle_cpus": (),
     "mem": None,
     "executor": "auto",
+    "trusted_code_only": False,
     "image": None,
     "emulated_gpus": False,
     "gpu_mem": None,
@@ -178,6 +179,7 @@ def _resolve_node(
         group=e.group,
         emulated_gpus=bool(vs["emulated_gpus"]),
         gpu_mem_mib=vs["gpu_mem"],
+        trusted_code_only=bool(vs["trusted_code_only"]),
     )
 
 

@@ -240,7 +240,7 @@ API_COLS: list[Col] = [
 ]
 QUEUE_COLS: list[Col] = [
     ("ACTION", lambda r: str(first(r, "action_id", "action", "id", default="?"))),
-    ("CLIENT", lambda r: str(first(r, "client", default="-"))),
+    ("CLIENT", lambda r: _client(r)),
     ("SANDBOX", lambda r: str(first(r, "sandbox", "pool", default="-"))),
     ("KIND", lambda r: str(first(r, "kind", default="-"))),
     ("ST", lambda r: _st(first(r, "st", "state", "status", default="PD"))),
@@ -248,6 +248,12 @@ QUEUE_COLS: list[Col] = [
     ("DEMAND", lambda r: str(first(r, "demand", default="-"))),
     ("NODE(REASON)", lambda r: str(first(r, "node", "reason", default="-"))),
 ]
+
+
+def _client(r: Mapping[str, Any]) -> str:
+    """A client as status names it: its name and its short tag (never an identity: sessions.py)."""
+    tag, owner = first(r, "client", default="-"), first(r, "owner", default="")
+    return f"{owner} ({tag})" if owner else str(tag)
 
 
 def _st(v: Any) -> str:

@@ -24,6 +24,7 @@ from test_link import FakeController, sandbox, spawn, stop_proc, two_cpus
 from agent.executors import cgroups as cg
 from agent.executors.base import RunRequest, RunResult, SandboxSpec
 from agent.executors.fastpath import CgroupMount, parse_mountinfo
+from agent.executors.proc_contain import Containment, ContainmentUnavailable
 from agent.executors.process import ProcessExecutor, joining_argv
 from tangram import protocol as p
 
@@ -97,8 +98,11 @@ def test_no_cgroups_where_they_cannot_be_made(tmp_path, caplog):
     assert cg.ActionCgroups.open("c", "n", cg.Hierarchy(str(tmp_path / "not-mounted"), v2=True)) is None
     assert cg.ActionCgroups.open("c", "n", cg.Hierarchy(str(tmp_path), v2=True)) is None  # not cgroupfs
     assert caplog.text.count("actions are not put in cgroups") == 2
-    ex = ProcessExecutor(str(tmp_path / "sb"), str(CPUS[0]), cgroups=cg.Hierarchy(str(tmp_path), v2=True))
-    assert ex.cgroups is None  # and it runs actions as before (tests/agent/test_process_executor.py)
+    fake = cg.Hierarchy(str(tmp_path), v2=True)
+    with pytest.raises(ContainmentUnavailable, match="cgroup|root"):  # cannot contain sandboxes: refused
+        ProcessExecutor(str(tmp_path / "sb"), str(CPUS[0]), cgroups=fake)
+    ex = ProcessExecutor(str(tmp_path / "sb"), str(CPUS[0]), cgroups=fake, trusted_code_only=True)
+    assert ex.cgroups is None and not ex.contained  # runs actions as before (test_process_executor.py)
 
 
 # ---------------------------------------------------------------- real cgroups
@@ -131,16 +135,47 @@ def hierarchy(request) -> cg.Hierarchy:
     return h
 
 
-@pytest.fixture(params=["spawner", "agent"])
+@pytest.fixture(params=["contained-spawner", "contained-agent", "trusted-spawner", "trusted-agent"])
 async def ex(request, tmp_path, hierarchy):
-    e = ProcessExecutor(str(tmp_path / "sandboxes"), ",".join(map(str, CPUS)),
-                        spawner=request.param == "spawner", cluster="test", node=f"n-{uuid.uuid4().hex[:6]}",
-                        cgroups=hierarchy)
-    assert e.cgroups is not None
+    """Contained sandboxes (``hierarchy``: where actions are killed; the limits in the cpuset, memory and
+    pids hierarchies found here), and trusted code only (each action in a cgroup of ``hierarchy``)."""
+    mode, how = request.param.split("-")
+    kw = {} if mode == "contained" else {"containment": Containment(missing=["(test) trusted code only"]),
+                                         "trusted_code_only": True}
+    try:
+        e = ProcessExecutor(str(tmp_path / "sandboxes"), ",".join(map(str, CPUS)), spawner=how == "spawner",
+                            cluster="test", node=f"n-{uuid.uuid4().hex[:6]}", cgroups=hierarchy, **kw)
+    except ContainmentUnavailable as exc:
+        pytest.skip(f"cannot contain sandboxes here: {exc}")
+    assert (e.sbcg if mode == "contained" else e.cgroups) is not None
     await e.create_sandbox(SandboxSpec("s1", "", 64))
     yield e
     await e.close()
-    assert not os.path.exists(e.cgroups.dir)
+    assert not any(os.path.exists(d) for d in all_dirs(e))
+    for name in await e.list_sandboxes():
+        await e.destroy_sandbox(name)
+
+
+def all_dirs(e: ProcessExecutor) -> list[str]:
+    """The executor's incarnation cgroup in every hierarchy it uses."""
+    return list(e.sbcg.dirs.values()) if e.contained else [e.cgroups.dir]
+
+
+def slots_dir(e: ProcessExecutor) -> str:
+    """Where the slots of sandbox s1 are, in the hierarchy that kills them."""
+    if e.contained:
+        return os.path.join(e.sbcg.dirs[e.sbcg.roles.kill], "sb-s1")
+    return e.cgroups.dir
+
+
+def incarnation(e: ProcessExecutor) -> str:
+    return e.sbcg.name if e.contained else e.cgroups.name
+
+
+def clean(e: ProcessExecutor) -> list[str]:
+    """What ``slots_dir`` holds once every action ended with nothing left (no slot of a dirty action): with
+    trusted code only, the agent's spawner's cgroup too."""
+    return [] if e.contained else [cg.SPAWNER]
 
 
 # Each sleeper execs in place, so the pid it writes is the pid of the process that has to die.
@@ -187,14 +222,14 @@ async def wait_files(sb_dir: str, names=PIDFILES, timeout: float = 10.0) -> None
 async def test_clean_actions_reuse_their_cgroups(ex):
     def slots(*results: RunResult) -> list[str]:
         return [line.rsplit("/", 1)[1] for r in results for line in r.stdout.decode().splitlines()
-                if ex.cgroups.name in line]  # (v1: the line of its hierarchy)
+                if incarnation(ex) in line and "/" + cg.SLOT_PREFIX in line]  # (v1: the line of each)
 
     seq = [await ex.run(req("cat /proc/self/cgroup")) for _ in range(3)]
     assert len(set(slots(*seq))) == 1 and slots(*seq)[0].startswith(cg.SLOT_PREFIX)
     both = await asyncio.gather(*(ex.run(req("cat /proc/self/cgroup; sleep 0.2")) for _ in range(2)))
     assert len(set(slots(*both))) == 2 and set(slots(*seq)) < set(slots(*both))
-    assert subdirs(ex.cgroups.dir) == sorted([*slots(*both), cg.SPAWNER])  # kept for the next actions
-    assert all(not cg.pids(os.path.join(ex.cgroups.dir, d)) for d in slots(*both))
+    assert subdirs(slots_dir(ex)) == sorted({*slots(*both), *clean(ex)})  # kept for the next actions
+    assert all(not cg.pids(os.path.join(slots_dir(ex), d)) for d in slots(*both))
 
 
 async def test_nothing_outlives_an_action_that_exits(ex, tmp_path):
@@ -203,7 +238,7 @@ async def test_nothing_outlives_an_action_that_exits(ex, tmp_path):
     r = await ex.run(req(ESCAPERS + wait_all + "echo ok"))
     assert (r.exit_code, r.stdout) == (0, b"ok\n")
     assert [pid for pid in recorded_pids(sb) if running(pid)] == []
-    assert subdirs(ex.cgroups.dir) == [cg.SPAWNER]  # the action's cgroup, with leftovers, is gone
+    assert subdirs(slots_dir(ex)) == clean(ex)  # the action's cgroup, with leftovers, is gone
 
 
 @pytest.mark.parametrize("how", ["kill", "timeout"])
@@ -219,7 +254,7 @@ async def test_nothing_outlives_a_killed_action(ex, tmp_path, how):
     r = await asyncio.wait_for(task, 10)
     assert r.exit_code == 137 and (r.killed if how == "kill" else r.timed_out)
     assert [pid for pid in pids if running(pid)] == []
-    assert subdirs(ex.cgroups.dir) == [cg.SPAWNER]
+    assert subdirs(slots_dir(ex)) == clean(ex)
 
 
 async def test_closing_kills_everything(ex, tmp_path):
@@ -304,7 +339,7 @@ def spawner_of(agent_pid: int) -> int:
                 cmdline = f.read()
         except OSError:
             continue
-        if ppid == agent_pid and b"nsspawner.py" in cmdline:
+        if ppid == agent_pid and b"spawner.py" in cmdline:
             return int(pid)
     raise AssertionError("the agent has no spawner")
 

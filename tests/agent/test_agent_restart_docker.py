@@ -138,4 +138,4 @@ async def test_a_restarted_docker_agent_kills_running_actions_and_keeps_the_sand
         if second is not None:
             stop_proc(second)
         for c in docker_client.containers.list(all=True, filters={"label": [f"tangram.cluster={cluster}"]}):
-            c.remove(force=True)  # with whatever a failed run left in it
+            c.remove(force=True, v=True)  # with whatever a failed run left in it

@@ -180,9 +180,13 @@ def test_container_kwargs_hardening():
     assert kw["mem_limit"] == kw["memswap_limit"] == "256m"
     assert kw["init"] is True and kw["pids_limit"] == 64 and kw["cap_drop"] == ["ALL"]
     assert kw["security_opt"] == ["no-new-privileges"] and kw["cpuset_cpus"] == "0-1"
-    assert kw["labels"] == {"tangram.test": "1", "tangram.cluster": "c1", "tangram.sandbox": "s1"}
-    assert kw["user"] == "65534:65534" and kw["working_dir"] == "/work"
+    assert kw["labels"] == {"tangram.test": "1", "tangram.cluster": "c1", "tangram.sandbox": "s1",
+                            "tangram.user": "65534:65534"}
+    # the container's own processes run as the keeper; sandbox code as the labelled user
+    assert kw["user"] == "65533:65533" and kw["working_dir"] == "/work"
     assert all(v["mode"] == "ro" for v in kw["volumes"].values())
+    assert "/etc" not in {v["bind"] for v in kw["volumes"].values()}  # never the host's /etc
+    assert kw["read_only"] is True and [m["Target"] for m in kw["mounts"]] == ["/work", "/tmp"]
     assert "privileged" not in kw
 
 

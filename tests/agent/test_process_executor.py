@@ -17,14 +17,26 @@ CPUS = sorted(os.sched_getaffinity(0))
 
 @pytest.fixture(params=["spawner", "agent"])
 async def ex(tmp_path, request):
-    """Both ways to start an action: through the spawner, and from the agent itself (its fallback)."""
+    """Both ways to start an action: through the spawner, and from the agent itself (its fallback).
+    Contained sandboxes where this host can contain them (root, cgroups), else trusted code only."""
     cpus = ",".join(map(str, CPUS))
-    e = ProcessExecutor(str(tmp_path / "sandboxes"), cpus, spawner=request.param == "spawner")
+    e = ProcessExecutor(str(tmp_path / "sandboxes"), cpus, spawner=request.param == "spawner",
+                        trusted_code_only=True)
     await e.create_sandbox(SandboxSpec("s1", "", 64))
     yield e
     await e.close()
+    for name in await e.list_sandboxes():
+        await e.destroy_sandbox(name)
     if request.param == "spawner":
         assert e._spawner_failures == 0, "the spawner did not start"
+        assert all(sb.failures == 0 for sb in e._sandboxes.values()), "a sandbox's spawner did not start"
+
+
+def spawner_pid(e: ProcessExecutor, sandbox: str = "s1") -> int:
+    """The spawner that starts the sandbox's actions (its own when contained, else the agent's)."""
+    sp = e._sandboxes[sandbox].spawner if e.contained else e._spawner
+    assert sp is not None
+    return sp.pid
 
 
 def req(cmd, cores=(CPUS[0],), action=None, **kw):
@@ -32,7 +44,8 @@ def req(cmd, cores=(CPUS[0],), action=None, **kw):
 
 
 def test_is_an_executor(tmp_path):
-    assert isinstance(ProcessExecutor(str(tmp_path), "0", cgroups=False), Executor)  # (never closed)
+    ex = ProcessExecutor(str(tmp_path), "0", cgroups=False, trusted_code_only=True)  # (never closed)
+    assert isinstance(ex, Executor) and not ex.contained
 
 
 async def test_runs_on_granted_cores(ex):
@@ -53,7 +66,8 @@ async def test_concurrent_disjoint_cores(ex):
 async def test_dop_env_cwd_exit(ex, tmp_path):
     r = await ex.run(req('echo {dop} $TANGRAM_DOP; pwd; exit 4', dop=3))
     assert r.exit_code == 4
-    assert r.stdout.decode().split() == ["3", "3", str(tmp_path / "sandboxes" / "s1")]
+    assert r.stdout.decode().split() == ["3", "3", os.path.join(ex.root, "s1")]
+    assert os.path.realpath(tmp_path / "sandboxes" / "s1") == os.path.join(ex.root, "s1")  # (maybe a link)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -245,7 +259,7 @@ async def test_spawn_paths_behave_alike(ex, spawn_path, tmp_path):
     r = await ex.run(req("pwd; echo $TANGRAM_DOP; grep Cpus_allowed_list /proc/self/status; exit 5",
                          (CPUS[-1],), dop=2))
     lines = r.stdout.decode().splitlines()
-    assert r.exit_code == 5 and lines[:2] == [str(tmp_path / "sandboxes" / "s1"), "2"]
+    assert r.exit_code == 5 and lines[:2] == [os.path.join(ex.root, "s1"), "2"]
     assert parse_cpuset(lines[2].split(":")[1]) == (CPUS[-1],)
     from agent.executors.spawn import spawn_pinned
 
@@ -262,30 +276,32 @@ async def test_spawner_death_is_survived(tmp_path):
 
     from agent.executors.base import ExecutorError
 
-    e = ProcessExecutor(str(tmp_path / "sandboxes"), ",".join(map(str, CPUS)))
+    e = ProcessExecutor(str(tmp_path / "sandboxes"), ",".join(map(str, CPUS)), trusted_code_only=True)
     await e.create_sandbox(SandboxSpec("s1", "", 64))
     try:
         await e.run(req("true"))
-        first = e._spawner.pid
+        first = spawner_pid(e)
         task = asyncio.ensure_future(e.run(req("echo $$ > pid; sleep 100")))
         await asyncio.sleep(0.3)
         os.kill(first, signal.SIGKILL)
         with pytest.raises(ExecutorError, match="spawner"):
             await asyncio.wait_for(task, 5)
         r = await e.run(req("echo again"))  # a new spawner
-        assert r.stdout == b"again\n" and e._spawner.pid != first
+        assert r.stdout == b"again\n" and spawner_pid(e) != first
     finally:
         await e.close()
+        await e.destroy_sandbox("s1")
 
 
 async def test_closing_the_executor_ends_spawner_and_actions(tmp_path):
-    e = ProcessExecutor(str(tmp_path / "sandboxes"), ",".join(map(str, CPUS)))
+    e = ProcessExecutor(str(tmp_path / "sandboxes"), ",".join(map(str, CPUS)), trusted_code_only=True)
     await e.create_sandbox(SandboxSpec("s1", "", 64))
     task = asyncio.ensure_future(e.run(req("echo $$ > pid; sleep 100", action="long")))
     await asyncio.sleep(0.3)
-    spawner, pgid = e._spawner.pid, int((await e.get("s1", "pid")).decode())
+    spawner, pgid = spawner_pid(e), int((await e.get("s1", "pid")).decode())
     await e.close()
     r = await asyncio.wait_for(task, 5)
+    await e.destroy_sandbox("s1")
     assert r.killed and not _group_alive(pgid)
     with pytest.raises(ProcessLookupError):
         os.kill(spawner, 0)  # gone, and reaped

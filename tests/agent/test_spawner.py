@@ -55,7 +55,8 @@ async def gone(pid: int, within_s: float = 5.0) -> bool:
 
 async def test_root_in_a_plain_image_runs_without_any_capability(ex, busybox_image, test_labels):
     # busybox has no util-linux setpriv, so nsenter could not drop the bounding set: the spawner does
-    await make(ex, busybox_image, test_labels, user=None)
+    # (root only when asked for: a sandbox without a user runs as the agent's sandbox_user)
+    await make(ex, busybox_image, test_labels, user="0:0")
     r = await ex.run(req("grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Cpus_allowed_list)' "
                          "/proc/self/status; id -u", (1,)))
     fields = dict(line.split(":", 1) for line in r.stdout.decode().splitlines() if ":" in line)

@@ -87,8 +87,17 @@ async def agent(controller: Controller, make_agent: Callable[..., Any]) -> FakeA
     return await make_agent(controller, "n1", cpus=(0, 1), gpus=2, gpu_mem_mib=4000)
 
 
+# What a session's client sends (the submit socket's requests): a RawClient says Hello first.
+SESSION_REQUESTS = (p.SandboxOpen, p.SandboxClose, p.Put, p.Get, p.Exec, p.Call, p.Lease, p.Release, p.Cancel)
+HELLO_RID = 1 << 62
+
+
 class RawClient:
-    """A bare DEALER for requests the client library would never send."""
+    """A bare DEALER for requests the client library would never send.
+
+    Like the library it says `Hello` before its first submit request and carries the session
+    token of the `Welcome` on every later frame (`token`; set it to resume a session, None: no
+    session yet)."""
 
     def __init__(self, addr: str) -> None:
         self.ctx = zmq.asyncio.Context()
@@ -96,9 +105,16 @@ class RawClient:
         self.sock.setsockopt(zmq.IDENTITY, secrets.token_bytes(16))
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(addr)
+        self.token: bytes | None = None
+
+    async def hello(self, name: str = "raw") -> p.Envelope:
+        await self.send(p.Hello("client", name, p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR), HELLO_RID)
+        return await self.final(HELLO_RID)
 
     async def send(self, msg: p.Message, rid: int, blobs: list[bytes] = ()) -> None:  # type: ignore[assignment]
-        await self.sock.send_multipart(p.encode(msg, rid, blobs))
+        if self.token is None and isinstance(msg, SESSION_REQUESTS):
+            await self.hello()
+        await self.sock.send_multipart(p.encode(msg, rid, blobs, token=self.token or b""))
 
     async def send_raw(self, frames: list[bytes]) -> None:
         await self.sock.send_multipart(frames)
@@ -107,6 +123,8 @@ class RawClient:
         while True:
             frames = await asyncio.wait_for(self.sock.recv_multipart(), timeout)
             env = p.decode(frames)
+            if isinstance(env.msg, p.Welcome) and env.msg.session:
+                self.token = bytes.fromhex(env.msg.session)
             if not isinstance(env.msg, p.Heartbeat):
                 return env
 

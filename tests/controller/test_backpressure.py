@@ -151,16 +151,20 @@ async def test_slow_client_outbox_overflow_cancels_its_work(make_controller, mak
                 return env
 
     try:
-        await sock.send_multipart(p.encode(p.SandboxOpen(), 1))
+        await sock.send_multipart(p.encode(p.Hello("client", "slow", p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR), 99))
+        while not isinstance((welcome := p.decode(await sock.recv_multipart())).msg, p.Welcome):
+            pass
+        token = bytes.fromhex(welcome.msg.session)  # the session token every later frame carries
+        await sock.send_multipart(p.encode(p.SandboxOpen(), 1, token=token))
         s1 = (await final(1)).msg.body["sandbox"]
-        await sock.send_multipart(p.encode(p.Put(s1, "big"), 2, [b"z" * (1 << 20)]))
+        await sock.send_multipart(p.encode(p.Put(s1, "big"), 2, [b"z" * (1 << 20)], token=token))
         await final(2)
-        await sock.send_multipart(p.encode(p.SandboxOpen(), 3))
+        await sock.send_multipart(p.encode(p.SandboxOpen(), 3, token=token))
         s2 = (await final(3)).msg.body["sandbox"]
-        await sock.send_multipart(p.encode(p.Exec(s2, "sleep 30", 1, 1), 4))
+        await sock.send_multipart(p.encode(p.Exec(s2, "sleep 30", 1, 1), 4, token=token))
         await wait_for(lambda: agent.runs)
         for rid in range(100, 130):  # 1 MiB replies, none read
-            await sock.send_multipart(p.encode(p.Get(s1, "big"), rid))
+            await sock.send_multipart(p.encode(p.Get(s1, "big"), rid, token=token))
         await wait_for(lambda: c.gateway.counters["outbox_overflows"] >= 1 and agent.runs[0].end > 0)
         cnt = counters(c)
         assert cnt["outbox_queued"] >= 3 and cnt["outbox_cancelled"] == 1
@@ -170,7 +174,7 @@ async def test_slow_client_outbox_overflow_cancels_its_work(make_controller, mak
         ident = sock.getsockopt(zmq.IDENTITY)
         deadline = time.monotonic() + 4
         while time.monotonic() < deadline and ident in c.gateway.outbox:
-            await sock.send_multipart(p.encode(p.Heartbeat(), 0))
+            await sock.send_multipart(p.encode(p.Heartbeat(), 0, token=token))
             try:
                 env = p.decode(await asyncio.wait_for(sock.recv_multipart(), 0.2))
             except TimeoutError:
@@ -178,7 +182,7 @@ async def test_slow_client_outbox_overflow_cancels_its_work(make_controller, mak
             got.add(env.request_id)
         assert c.gateway.outbox == {} and len(got & set(range(100, 130))) >= 3
         # a resent request finds its final reply in the cache: the exec was cancelled, with an error
-        await sock.send_multipart(p.encode(p.Exec(s2, "sleep 30", 1, 1), 4))
+        await sock.send_multipart(p.encode(p.Exec(s2, "sleep 30", 1, 1), 4, token=token))
         cancelled = await final(4)
         assert cancelled.msg.code == "CANCELLED" and "outbox full" in cancelled.msg.message
         assert len(agent.runs) == 1  # nothing ran twice

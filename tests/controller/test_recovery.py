@@ -47,7 +47,7 @@ async def test_a_restored_sandbox_waits_for_its_agent_and_is_adopted(
     ident = secrets.token_bytes(16)
     c = await restarted(lambda led: (led.opened("sb-1", ident, "", 64, 0), led.placed("sb-1", "n1")))
     assert c.registry.sandboxes["sb-1"].restoring
-    client = _raw_as(raw_client, c.submit_addr, ident)
+    client = _raw_as(raw_client, c.submit_addr, ident, c.gateway.token_for(ident))
     await client.send(p.Exec("sb-1", "cat kept.txt", 1, 1), 7)  # held until n1 says Hello
     agent = await make_agent(c, "n1", sandboxes_at_hello=["sb-1"])
     env = await client.final(7)
@@ -63,7 +63,7 @@ async def test_a_sandbox_its_agent_no_longer_holds_is_lost(
 ) -> None:
     ident = secrets.token_bytes(16)
     c = await restarted(lambda led: (led.opened("sb-1", ident, "", 64, 0), led.placed("sb-1", "n1")))
-    client = _raw_as(raw_client, c.submit_addr, ident)
+    client = _raw_as(raw_client, c.submit_addr, ident, c.gateway.token_for(ident))
     await client.send(p.Exec("sb-1", "echo hi", 1, 1), 7)
     agent = await make_agent(c, "n1")  # its Hello lists no sandbox
     env = await client.final(7)
@@ -83,11 +83,22 @@ async def test_resent_requests_get_the_recorded_reply_or_node_lost(
         led.ran(ident, 4, "exec", "n1", "x4")  # no answer: it was running on n1
 
     c = await restarted(write)
-    client = _raw_as(raw_client, c.submit_addr, ident)
+    stranger = _raw_as(raw_client, c.submit_addr, ident)  # the identity without its session token
     hello = p.Hello("client", "t", p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR)
+    await stranger.send(hello, 1)
+    assert isinstance((await stranger.final(1)).msg, p.Reject)  # no session for a known identity
+    stranger.close()
+    for _ in range(200):  # its connection is gone (one route per identity: the next one needs it)
+        if c.gateway.counters["client_disconnects"]:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    token = c.gateway.token_for(ident)  # what the client's predecessor controller had issued
+    client = _raw_as(raw_client, c.submit_addr, ident, token)
     await client.send(hello, 1)
     welcome = await client.final(1)
     assert isinstance(welcome.msg, p.Welcome) and welcome.msg.durable
+    assert welcome.msg.session == token.hex()  # the same session goes on
     await client.send(p.SandboxOpen(), 3)
     env = await client.final(3)
     assert env.msg == p.Result({"sandbox": "sb-9"})
@@ -102,7 +113,9 @@ async def test_resent_requests_get_the_recorded_reply_or_node_lost(
     assert again.msg == env.msg
 
 
-def _raw_as(raw_client: Any, addr: str, ident: bytes) -> Any:
+def _raw_as(raw_client: Any, addr: str, ident: bytes, token: bytes | None = None) -> Any:
+    """A raw client with routing identity ``ident``; ``token``: the session token it holds from
+    before the restart (None: it says Hello for a new session)."""
     import zmq
 
     client = raw_client(addr)
@@ -111,6 +124,7 @@ def _raw_as(raw_client: Any, addr: str, ident: bytes) -> Any:
     client.sock.setsockopt(zmq.IDENTITY, ident)
     client.sock.setsockopt(zmq.LINGER, 0)
     client.sock.connect(addr)
+    client.token = token
     return client
 
 
@@ -119,7 +133,7 @@ async def test_a_sandbox_whose_agent_never_comes_back_is_lost_after_the_grace(
 ) -> None:
     ident = secrets.token_bytes(16)
     c = await restarted(lambda led: (led.opened("sb-1", ident, "", 64, 0), led.placed("sb-1", "gone")))
-    client = _raw_as(raw_client, c.submit_addr, ident)
+    client = _raw_as(raw_client, c.submit_addr, ident, c.gateway.token_for(ident))
     await client.send(p.Exec("sb-1", "true", 1, 1), 7)
     for _ in range(500):  # until the gateway has read it and holds it
         if c.registry.sandboxes["sb-1"].deferred:
@@ -180,11 +194,14 @@ async def test_a_client_of_a_previous_controller_learns_the_epoch_on_first_conta
     restarted: Any, raw_client: Any
 ) -> None:
     c = await restarted(lambda led: None)
-    client = _raw_as(raw_client, c.submit_addr, secrets.token_bytes(16))
+    ident = secrets.token_bytes(16)
+    token = c.gateway.token_for(ident)  # issued by the previous controller (the same state file)
+    client = _raw_as(raw_client, c.submit_addr, ident, token)
     await client.send(p.Cancel(99), 5)  # no Hello: this client spoke to the controller before
     first = await client.recv()
     assert isinstance(first.msg, p.Welcome) and first.request_id == 0
     assert first.msg.controller_epoch == c.epoch and first.msg.durable
+    assert first.msg.session == token.hex()  # its session goes on
     assert isinstance((await client.final(5)).msg, p.Result)
     await client.send(p.Cancel(98), 6)
     assert (await client.recv()).request_id == 6  # told once

@@ -28,6 +28,18 @@ def test_bench_dispatch_json_process_executor(layout: str) -> None:
     assert ("controller_cpu_ms_per_action" in row) == (layout == "separate")
 
 
+@pytest.mark.parametrize("layout", ["separate", "inprocess"])
+def test_bench_dispatch_curve(layout: str) -> None:
+    """`--curve`: the same run with CURVE on every socket (keys in the run's directory)."""
+    args = ["-n", "5", "--clients", "2", "--executor", "process", "--layout", layout, "--curve", "--json"]
+    result = CliRunner().invoke(dispatch, args)
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)["dispatch"]
+    assert "error" not in row, row
+    assert row["security"] == "curve"
+    assert row["throughput_actions_per_s"] > 0
+
+
 def test_raw_posix_spawn_reaps_every_child() -> None:
     out = raw_posix_spawn(6, 3, "0")
     assert out["actions_per_s"] > 0

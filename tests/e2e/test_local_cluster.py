@@ -96,18 +96,22 @@ async def test_resent_request_runs_once(cluster) -> None:
                 return env
 
     try:
-        await sock.send_multipart(p.encode(p.SandboxOpen(), 1))
+        await sock.send_multipart(p.encode(p.Hello("client", "raw", p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR), 8))
+        while not isinstance((welcome := p.decode(await sock.recv_multipart())).msg, p.Welcome):
+            pass
+        token = bytes.fromhex(welcome.msg.session)  # every request of the session carries it
+        await sock.send_multipart(p.encode(p.SandboxOpen(), 1, token=token))
         sandbox = (await final(1)).msg.body["sandbox"]
         msg = p.Exec(sandbox, "echo run >> marker; sleep 0.3; wc -l < marker", 1, 1)
         for _ in range(3):  # the same request id three times while it runs
-            await sock.send_multipart(p.encode(msg, 9))
+            await sock.send_multipart(p.encode(msg, 9, token=token))
         first = await final(9)
-        await sock.send_multipart(p.encode(msg, 9))  # and once after it finished
+        await sock.send_multipart(p.encode(msg, 9, token=token))  # and once after it finished
         again = await final(9)
         assert first.blobs[0].strip() == b"1" and again.blobs == first.blobs
-        await sock.send_multipart(p.encode(p.Exec(sandbox, "wc -l < marker", 1, 1), 10))
+        await sock.send_multipart(p.encode(p.Exec(sandbox, "wc -l < marker", 1, 1), 10, token=token))
         assert (await final(10)).blobs[0].strip() == b"1"
-        await sock.send_multipart(p.encode(p.SandboxClose(sandbox), 11))
+        await sock.send_multipart(p.encode(p.SandboxClose(sandbox), 11, token=token))
         await final(11)
     finally:
         sock.close(0)

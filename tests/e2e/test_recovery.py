@@ -162,10 +162,10 @@ async def _raw(addr: str, ident: bytes) -> zmq.asyncio.Socket:
     return sock
 
 
-async def _final(sock: zmq.asyncio.Socket, rid: int) -> p.Envelope:
+async def _final(sock: zmq.asyncio.Socket, rid: int, kind: Any = (p.Result, p.Error)) -> p.Envelope:
     while True:
         env = p.decode(await asyncio.wait_for(sock.recv_multipart(), 20))
-        if env.request_id == rid and isinstance(env.msg, (p.Result, p.Error)):
+        if env.request_id == rid and isinstance(env.msg, kind):
             return env
 
 
@@ -174,19 +174,24 @@ async def test_a_resent_request_gets_its_recorded_reply_after_a_restart(ctl_and_
     await _registered(ctl)
     ident = secrets.token_bytes(16)
     sock = await _raw(ctl.addr("submit"), ident)
-    await sock.send_multipart(p.encode(p.SandboxOpen(), 1))
+    await sock.send_multipart(p.encode(p.Hello("client", "raw", p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR), 9))
+    token = bytes.fromhex((await _final(sock, 9, p.Welcome)).msg.session)  # type: ignore[union-attr]
+    await sock.send_multipart(p.encode(p.SandboxOpen(), 1, token=token))
     sandbox = (await _final(sock, 1)).msg.body["sandbox"]  # type: ignore[union-attr]
-    await sock.send_multipart(p.encode(p.Exec(sandbox, "echo $$ >> runs.txt; cat runs.txt", 1, 1), 2))
+    run = p.Exec(sandbox, "echo $$ >> runs.txt; cat runs.txt", 1, 1)
+    await sock.send_multipart(p.encode(run, 2, token=token))
     first = await _final(sock, 2)
     assert isinstance(first.msg, p.Result)
     sock.close(0)
     ctl.kill9()
     ctl.start()
-    sock = await _raw(ctl.addr("submit"), ident)  # the same client identity, as the library keeps it
-    await sock.send_multipart(p.encode(p.Exec(sandbox, "echo $$ >> runs.txt; cat runs.txt", 1, 1), 2))
+    # the same client identity and session token, as the library keeps them: the restarted
+    # controller (same state file, so the same session key) knows the session
+    sock = await _raw(ctl.addr("submit"), ident)
+    await sock.send_multipart(p.encode(run, 2, token=token))
     again = await _final(sock, 2)
     assert again.msg == first.msg and again.blobs == first.blobs  # the recorded reply, not a second run
-    await sock.send_multipart(p.encode(p.Exec(sandbox, "wc -l < runs.txt", 1, 1), 3))
+    await sock.send_multipart(p.encode(p.Exec(sandbox, "wc -l < runs.txt", 1, 1), 3, token=token))
     count = await _final(sock, 3)
     assert isinstance(count.msg, p.Result), count.msg
     assert count.blobs[0].strip() == b"1"  # ran once, in the adopted sandbox

@@ -127,7 +127,10 @@ def test_up_after_controller_kill_restarts_on_the_same_ports(home: Path) -> None
     assert up.returncode == 0, up.stdout + up.stderr
     before = read_state(home)
     agent_pid = before["hosts"][0]["pid"]
-    client = tangram.Client(before["address"], heartbeat_s=0.5, connect_timeout=30)
+    # the local default runs CURVE: this process's TANGRAM_HOME is not `home`, so name its keys
+    client = tangram.Client(
+        before["address"], heartbeat_s=0.5, connect_timeout=30, certs=before["certs"] or None
+    )
     try:
         with client.sandbox() as env:
             assert env.exec("echo before", cpus=1, timeout=60).stdout.strip() == "before"

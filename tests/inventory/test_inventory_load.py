@@ -415,3 +415,23 @@ def test_local_default():
 def test_unreadable_file(tmp_path):
     with pytest.raises(InventoryError, match="cannot read inventory"):
         load_inventory(tmp_path / "missing.yaml")
+
+
+def test_trusted_code_only_reaches_the_agent_config(tmp_path: Path) -> None:
+    """A node that cannot contain sandboxes (non-root SSH user) opts out in the inventory; the flag
+    reaches its agent's config, and nodes that did not ask keep the default (contain or refuse)."""
+    from agent.config import AgentConfig
+    from tangram_cli.bootstrap import local
+
+    text = edit("executor: auto, image", "executor: process, trusted_code_only: true, image")
+    inv = load_inventory(textwrap.dedent(text))
+    by_group = {n.group: n for n in inv.nodes}
+    assert by_group["sandbox-cpu"].trusted_code_only is True
+    assert by_group["reward-gpu"].trusted_code_only is False
+    kw = dict(cluster="c1", controller="tcp://127.0.0.1:5", workdir=str(tmp_path), executor="process",
+              emulated_gpus=0, gpu_mem_mib=None, cpus=[0, 1], idle_cpus=[0])
+    raw = local.agent_config(by_group["sandbox-cpu"], **kw)
+    assert AgentConfig.from_dict(raw).trusted_code_only is True
+    assert "trusted_code_only" not in local.agent_config(by_group["reward-gpu"], **kw)
+    one(edit("executor: auto, image", "executor: auto, trusted_code_only: maybe, image"),
+        "groups.sandbox-cpu.vars.trusted_code_only", "")

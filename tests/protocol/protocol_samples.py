@@ -22,7 +22,10 @@ SAMPLES: dict[type[p.Message], tuple[p.Message, tuple[bytes, ...]]] = {
         ),
         (),
     ),
-    p.Welcome: (p.Welcome(1, 3, 2**63 - 1, agent_epoch=42, heartbeat_s=0.5, max_outstanding=4096, durable=True), ()),
+    p.Welcome: (
+        p.Welcome(1, 3, 2**63 - 1, 42, heartbeat_s=0.5, max_outstanding=4096, durable=True, session="ab" * 24),
+        (),
+    ),
     p.Reject: (p.Reject("agent speaks 2, controller 1: run tangram up"), ()),
     p.Heartbeat: (p.Heartbeat(load={"running": 3, "cpu": 0.75, "ok": True}), ()),
     p.Bye: (p.Bye("draining"), ()),

@@ -23,6 +23,7 @@ REMOTE = [
     e.RemoteError,
     e.InternalError,
     e.VersionMismatch,
+    e.OverCap,
 ]
 RETRYABLE = {ErrorCode.TIMEOUT, ErrorCode.QUOTA_EXCEEDED, ErrorCode.NODE_LOST, ErrorCode.RETRY_LATER}
 
@@ -40,6 +41,7 @@ WIRE_VALUES = {
     "REMOTE_ERROR",
     "INTERNAL",
     "VERSION",
+    "OVER_CAP",  # added in 1.3 (an older peer maps it to a plain TangramError)
 }
 
 

@@ -119,7 +119,7 @@ def sweep(client: Any, labels: dict[str, str]) -> int:
     removed = 0
     for c in client.containers.list(all=True, filters=flt):
         with contextlib.suppress(Exception):
-            c.remove(force=True)
+            c.remove(force=True, v=True)
             removed += 1
     return removed
 
