@@ -635,3 +635,19 @@ def test_e2e_bad_config_exits_2(tmp_path):
     argv = [sys.executable, "-m", "agent", "--config", str(cfg)]
     res = subprocess.run(argv, capture_output=True, timeout=30, check=False)
     assert res.returncode == 2 and b"cpus" in res.stderr
+
+
+def spawners_of(agent_pid: int, script: bytes) -> list[int]:
+    """The pids of the agent's spawner processes whose command line names ``script`` (contained process
+    sandboxes: one per sandbox, perhaps also a spare; Docker fast path: one per container)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if ppid == agent_pid and script in f.read():
+                    out.append(int(pid))
+        except OSError:
+            continue
+    return out
