@@ -78,6 +78,8 @@ def default_workdir(name: str) -> str:
     return os.path.join(os.path.expanduser("~"), ".tangram", "agent", name.replace(":", "_"))
 
 
+DEFAULT_SANDBOX_MEM_MIB = 4096  # a sandbox opened without `mem` (docs/agent.md)
+
 @dataclass
 class AgentConfig:
     """Everything an agent needs. Times are seconds, memory MiB, cores are lists of ints."""
@@ -114,7 +116,7 @@ class AgentConfig:
     # process executor: run actions without containment where the host cannot contain them (not root, no
     # cpuset/memory/pids cgroup); without it the agent refuses to start there (docs/agent.md)
     trusted_code_only: bool = False
-    sandbox_mem_mib: int | None = None  # memory limit of a sandbox created without `mem`; None = mem_mib
+    sandbox_mem_mib: int | None = None  # limit of a sandbox opened without `mem` (default_sandbox_mem)
     sandbox_uid_base: int = 2_000_000  # process sandboxes run as uids base .. base + count - 1
     sandbox_uid_count: int = 1_000_000
     # CURVE: {"controller_public": PATH|Z85, "secret": PATH|Z85, "public": PATH|Z85 (optional)}.
@@ -231,6 +233,13 @@ class AgentConfig:
         if not self.workdir:
             self.workdir = default_workdir(self.name)
         self.workdir = os.path.abspath(os.path.expanduser(self.workdir))
+
+    def default_sandbox_mem(self) -> int:
+        """The memory limit (MiB) of a sandbox opened without ``mem``: ``sandbox_mem_mib``, else
+        ``DEFAULT_SANDBOX_MEM_MIB`` (at most ``mem_mib``): never unlimited, never the whole node."""
+        if self.sandbox_mem_mib:
+            return self.sandbox_mem_mib
+        return min(DEFAULT_SANDBOX_MEM_MIB, self.mem_mib or DEFAULT_SANDBOX_MEM_MIB)
 
     def resolve_cpus(self, online: list[int]) -> tuple[list[int], list[int]]:
         """(cores handed out, idle cores) against the online set; ConfigError when they do not fit."""

@@ -110,13 +110,13 @@ def build_executor(cfg: AgentConfig, docker_ok: bool, idle: list[int]) -> tuple[
         if cfg.image == HOSTROOT_IMAGE:
             ensure_hostroot_image(client)
         return DockerExecutor(client, cfg.cluster, format_cpuset(idle), cfg.image, mode=cfg.docker_mode,
-                              node=cfg.name, user=cfg.docker_user, mem_mib=cfg.sandbox_mem_mib or cfg.mem_mib,
+                              node=cfg.name, user=cfg.docker_user, mem_mib=cfg.default_sandbox_mem(),
                               disk_mib=cfg.sandbox_disk_mib, workdir=cfg.workdir), kind
     from agent.executors.process import ProcessExecutor
 
     return ProcessExecutor(os.path.join(cfg.workdir, "sandboxes"), format_cpuset(idle), cluster=cfg.cluster,
                            node=cfg.name, trusted_code_only=cfg.trusted_code_only,
-                           sandbox_mem_mib=cfg.sandbox_mem_mib or cfg.mem_mib, uid_base=cfg.sandbox_uid_base,
+                           sandbox_mem_mib=cfg.default_sandbox_mem(), uid_base=cfg.sandbox_uid_base,
                            uid_count=cfg.sandbox_uid_count), kind
 
 

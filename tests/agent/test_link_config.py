@@ -152,3 +152,12 @@ def test_pidfile_refuses_a_live_other_agent(tmp_path):
         write_pidfile(str(path))
     path.write_text("999999999\n")  # stale
     write_pidfile(str(path))
+
+
+def test_a_sandbox_without_mem_is_never_unlimited() -> None:
+    """Default 4 GiB, at most what the node offers; an explicit sandbox_mem_mib wins."""
+    base = {"controller": "tcp://127.0.0.1:5"}
+    assert AgentConfig.from_dict(dict(base)).default_sandbox_mem() == 4096
+    assert AgentConfig.from_dict(dict(base, mem_mib=1024)).default_sandbox_mem() == 1024
+    assert AgentConfig.from_dict(dict(base, mem_mib=65536)).default_sandbox_mem() == 4096
+    assert AgentConfig.from_dict(dict(base, mem_mib=65536, sandbox_mem_mib=300)).default_sandbox_mem() == 300
