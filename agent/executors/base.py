@@ -264,18 +264,28 @@ def read_nofollow(root: str, parts: list[str], max_bytes: int) -> bytes:
         parent = _open_parent(root_fd, parts, create=False)
     finally:
         os.close(root_fd)
+    return read_regular(parent, parts, max_bytes)
+
+
+def read_regular(parent: int, parts: list[str], max_bytes: int, uid: int | None = None) -> bytes:
+    """Read ``parts[-1]`` in the directory ``parent`` (an fd, closed here) without following a symlink: a
+    regular file only (owned by ``uid`` when given), at most ``max_bytes``."""
+    name = "/".join(parts)
     try:
         fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=parent)
     except OSError as exc:
-        raise PathRejected(f"cannot open {'/'.join(parts)!r}: {exc.strerror}") from exc
+        raise PathRejected(f"cannot open {name!r}: {exc.strerror}") from exc
     finally:
         os.close(parent)
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise PathRejected(f"{'/'.join(parts)!r} is not a regular file")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PathRejected(f"{name!r} is not a regular file")
+        if uid is not None and st.st_uid != uid:
+            raise PathRejected(f"{name!r} is not the sandbox's (owner uid {st.st_uid})")
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise TooLarge(f"{'/'.join(parts)!r} is larger than {max_bytes} bytes")
+        raise TooLarge(f"{name!r} is larger than {max_bytes} bytes")
     return data
 
 

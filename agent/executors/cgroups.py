@@ -249,6 +249,20 @@ def remove_tree(
 # ---------------------------------------------------------------- one agent's action cgroups
 
 
+
+def probe_join(files: list[str], where: str) -> None:
+    """A short-lived shell moves itself into each of ``files`` (cgroup.procs or tasks files; the caller
+    stays put); CgroupError(EACCES) naming ``where`` when it cannot."""
+    res = subprocess.run(
+        ["/bin/sh", "-c", 'for f; do echo 0 > "$f" || exit 1; done', "probe", *files],
+        capture_output=True,
+        timeout=10,
+        check=False,
+    )
+    if res.returncode != 0:
+        msg = res.stderr.decode(errors="replace").strip() or f"exit {res.returncode}"
+        raise CgroupError(errno.EACCES, f"cannot move a process into {where}: {msg}")
+
 class ActionCgroups:
     """The action cgroups of one executor (an incarnation, see the module doc)."""
 
@@ -301,15 +315,7 @@ class ActionCgroups:
         try:
             if not os.path.exists(procs_file(d)):
                 raise CgroupError(errno.ENOTSUP, f"{self.h.path} is not a cgroup file system")
-            res = subprocess.run(
-                ["/bin/sh", "-c", 'echo 0 > "$0"', join_file(self.h, d)],
-                capture_output=True,
-                timeout=10,
-                check=False,
-            )
-            if res.returncode != 0:
-                msg = res.stderr.decode(errors="replace").strip() or f"exit {res.returncode}"
-                raise CgroupError(errno.EACCES, f"cannot move a process into {d}: {msg}")
+            probe_join([join_file(self.h, d)], d)
         finally:
             remove_tree(self.h, d)
 

@@ -39,7 +39,6 @@ import contextlib
 import errno
 import logging
 import os
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -56,6 +55,7 @@ from .cgroups import (
     node_dir,
     pick_hierarchy,
     pids,
+    probe_join,
     procs_file,
     reap_node,
     remove_tree,
@@ -408,21 +408,7 @@ class SandboxCgroups:
             for d in (*slot.dirs, *sb.dirs.values()):
                 if not self.fs.exists(procs_file(d)):
                     raise CgroupError(errno.ENOTSUP, f"{d} has no cgroup.procs: not a cgroup file system")
-            res = subprocess.run(
-                [
-                    "/bin/sh",
-                    "-c",
-                    'for f; do echo 0 > "$f" || exit 1; done',
-                    "probe",
-                    *self.all_joins(sb, slot),
-                ],
-                capture_output=True,
-                timeout=10,
-                check=False,
-            )
-            if res.returncode != 0:
-                msg = res.stderr.decode(errors="replace").strip() or f"exit {res.returncode}"
-                raise CgroupError(errno.EACCES, f"cannot move a process into {slot.dirs[0]}: {msg}")
+            probe_join(list(self.all_joins(sb, slot)), slot.dirs[0])
         finally:
             self.remove_sandbox(sb)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .base import PathRejected, TooLarge
+from .base import PathRejected, read_regular
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -100,21 +100,4 @@ def _create(parent: int, leaf: str, name: str) -> int:
 
 
 def get(root: str, parts: list[str], max_bytes: int, uid: int) -> bytes:
-    parent = _walk(root, parts, uid, uid, create=False)
-    name = "/".join(parts)
-    try:
-        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=parent)
-    except OSError as exc:
-        raise PathRejected(f"cannot open {name!r}: {exc.strerror}") from exc
-    finally:
-        os.close(parent)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PathRejected(f"{name!r} is not a regular file")
-        if st.st_uid != uid:
-            raise PathRejected(f"{name!r} is not the sandbox's (owner uid {st.st_uid})")
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise TooLarge(f"{name!r} is larger than {max_bytes} bytes")
-    return data
+    return read_regular(_walk(root, parts, uid, uid, create=False), parts, max_bytes, uid)
