@@ -272,6 +272,8 @@ class Agent(GpuRequests):
                 return False
             return True
         if now - self._last_in > LIVENESS * self.heartbeat_s:
+            wire.drain()  # what arrived while this process waited for a core counts
+        if now - self._last_in > LIVENESS * self.heartbeat_s:
             log.warning("controller silent for %.1f s: reconnecting", now - self._last_in)
             return False
         if now - self._last_out >= self.heartbeat_s:

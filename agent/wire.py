@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from tangram.sockio import SocketReader
+from tangram.sockio import SocketReader, send_frames
 
 ZERO_COPY_MIN = 1 << 16  # pyzmq: copying is cheaper than a zero-copy frame below about 64 KiB
 # Plain ints: pyzmq's flags are IntFlag enums, and enum arithmetic costs microseconds per frame.
@@ -42,13 +42,19 @@ class Wire:
         """Check the socket on the next loop iteration (at most one check pending)."""
         self._reader.poke()
 
+    def drain(self) -> None:
+        """Read what waits, now (``SocketReader.drain``: before judging the controller silent)."""
+        self._reader.drain()
+
     def send(self, frames: list[bytes]) -> None:
         """Queue ``frames`` now; raises ``zmq.Again`` when they cannot go (cut off, or the pipe is full)."""
-        copy = sum(len(f) for f in frames) < ZERO_COPY_MIN
-        send, last = self.sock.send, len(frames) - 1
         try:  # once the first part is queued the others are too (ZeroMQ queues a message whole)
-            for i, frame in enumerate(frames):
-                send(frame, _NOBLOCK | _SNDMORE if i < last else _NOBLOCK, copy=copy)
+            if sum(len(f) for f in frames) < ZERO_COPY_MIN:
+                send_frames(self.sock, frames)
+            else:
+                send, last = self.sock.send, len(frames) - 1
+                for i, frame in enumerate(frames):
+                    send(frame, _NOBLOCK | _SNDMORE if i < last else _NOBLOCK, copy=False)
         finally:
             self.poke()
 

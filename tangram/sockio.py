@@ -13,6 +13,10 @@ ZeroMQ's descriptor is edge-triggered: it signals when the socket's event state 
 any send or receive may consume that signal. So every send must `poke()` (at most one check is
 pending per loop iteration), and every drain that stopped early checks again.
 
+`send_frames` and `recv_frames` are pyzmq's `send_multipart`/`recv_multipart` without the
+per-frame cost of its sugar layer (an `enum.Flag` combined for every frame, a Python frame per
+send): plain int flags straight to the backend socket, about 1 us per message instead of 8.
+
 Depends only on pyzmq: the client library and the agent bundle carry it.
 """
 
@@ -24,10 +28,31 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.backend import Socket as _Backend
 
 log = logging.getLogger("tangram.sockio")
 
-__all__ = ["SocketReader", "shadow"]
+__all__ = ["SocketReader", "recv_frames", "send_frames", "shadow"]
+
+_send, _recv, _get = _Backend.send, _Backend.recv, _Backend.get
+_NOBLOCK, _SNDMORE, _RCVMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.RCVMORE)
+
+
+def send_frames(sync: Any, frames: list[Any], flags: int = _NOBLOCK) -> None:
+    """`sync.send_multipart(frames, flags)` (copying) for a synchronous socket. ZeroMQ queues a
+    message whole: once the first part is taken the others are too, or the first raises."""
+    more = flags | _SNDMORE
+    for frame in frames[:-1]:
+        _send(sync, frame, more)
+    _send(sync, frames[-1], flags)
+
+
+def recv_frames(sync: Any, flags: int = _NOBLOCK, copy: bool = True) -> list[Any]:
+    """`sync.recv_multipart(flags, copy=copy)` for a synchronous socket (all parts of one message)."""
+    parts = [_recv(sync, flags, copy)]
+    while _get(sync, _RCVMORE):
+        parts.append(_recv(sync, flags, copy))
+    return parts
 
 
 def shadow(sock: Any) -> zmq.Socket:
@@ -71,6 +96,12 @@ class SocketReader:
             self._poked = True
             self.loop.call_soon(self._drain)
 
+    def drain(self) -> None:
+        """Read what waits, now. Call it before judging a peer silent: after the process was
+        descheduled, the loop runs due timers before the reader it woke for, so the last message
+        seen may be old while newer ones wait unread."""
+        self._drain()
+
     def _drain(self) -> None:
         self._poked = False
         if self._closed:
@@ -78,11 +109,12 @@ class SocketReader:
         if self.before is not None:
             self.before()
         sync, handle, copy = self.sync, self.handle, self.copy
+        recv = recv_frames if isinstance(sync, zmq.Socket) else type(sync).recv_multipart  # a wrapper's own
         for _ in range(self.batch):
             if self._closed:
                 return
             try:
-                frames = sync.recv_multipart(zmq.NOBLOCK, copy=copy)
+                frames = recv(sync, _NOBLOCK, copy)
             except zmq.Again:
                 return
             except zmq.ZMQError as exc:  # closed under us (ENOTSOCK, ETERM), or broken: stop reading

@@ -28,6 +28,7 @@ from typing import Any
 import zmq
 
 from tangram import protocol as p
+from tangram.sockio import recv_frames, send_frames
 from tangram_cli.bench_procs import proc_cpu_s, stop_proc
 
 _RID = struct.Struct(">Q")
@@ -97,7 +98,7 @@ class BenchAgent:
 
     def _send(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
         with contextlib.suppress(zmq.Again):
-            sock.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(sock, frames)
         self.last_out[self.socks[sock]] = time.monotonic()
 
     def _hello(self, sock: zmq.Socket[bytes]) -> None:
@@ -213,7 +214,7 @@ class BenchAgent:
             for sock, _ in poller.poll(wait):
                 for _ in range(1000):
                     try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                        frames = recv_frames(sock)
                     except zmq.Again:
                         break
                     self._on(sock, frames)  # type: ignore[arg-type]

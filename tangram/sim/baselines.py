@@ -161,7 +161,19 @@ class StaticGpu:
     def config(self) -> CoreConfig:
         return self.inner.config
 
-    def handle(self, event: ev.Event, now: float) -> list[cmd.Command]:
+    def handle(self, event: ev.Event, now: float, decide: bool = True) -> list[cmd.Command]:
+        out = self._own(event)
+        if out is None:
+            return self.inner.handle(event, now, decide)
+        if decide:  # what earlier events of the batch left to the inner passes
+            out.extend(self.inner.decide(now))
+        return out
+
+    def decide(self, now: float) -> list[cmd.Command]:
+        return self.inner.decide(now)
+
+    def _own(self, event: ev.Event) -> list[cmd.Command] | None:
+        """The commands for an event the static deployments handle themselves, else None."""
         if isinstance(event, ev.ActionSubmitted) and event.spec.kind is Kind.CALL:
             return self._submit(event.spec)
         if isinstance(event, ev.ActionFinished) and event.action_id in self.running:
@@ -178,7 +190,7 @@ class StaticGpu:
             if event.action_id in self.running:
                 node = self.layout[self.running[event.action_id][0]][self.running[event.action_id][1]][0]
                 return [cmd.Kill(event.action_id, node, event.reason)]
-        return self.inner.handle(event, now)
+        return None
 
     def _submit(self, spec: ActionSpec) -> list[cmd.Command]:
         if spec.service not in self.layout:

@@ -2,8 +2,9 @@
 
 Items are core events (fed to ``core.handle`` and journaled, then the cluster model turns
 the start commands into finish events), trajectory wake-ups (the client submits its next
-action after its generation time) and direct API attempts (the api-retry baseline). After
-each core event a ``Tick`` is queued at ``core.next_deadline()``. Ties at one instant keep
+action after its generation time) and direct API attempts (the api-retry baseline). Core
+events of one instant that follow each other are one batch, decided once after the last (as
+the live driver does); after each decision a ``Tick`` is queued at ``core.next_deadline()``. Ties at one instant keep
 insertion order (``seq``), so a run is a pure function of (workload, batch, policy, seed).
 """
 
@@ -156,7 +157,7 @@ class Engine:
                     due = self.core.next_deadline()
                     if due is None or due > t:
                         continue  # the deadline went away (work ended early): like the live driver, no Tick
-                self._feed(item)
+                self._feed(item, decide=not self._more_now(t))
             elif code == WAKE:
                 self._submit(item)
             elif code == ATTEMPT:
@@ -190,10 +191,18 @@ class Engine:
             counters,
         )
 
-    def _feed(self, event: ev.Event) -> None:
+    def _more_now(self, t: float) -> bool:
+        """Whether another event (not a `Tick`) waits at this instant: the live driver decides
+        once per batch of waiting events (`Driver.batch`), and so does the simulator."""
+        if not self.heap:
+            return False
+        t2, _, code, item = self.heap[0]
+        return t2 == t and code == EVENT and type(item) is not ev.Tick
+
+    def _feed(self, event: ev.Event, decide: bool = True) -> None:
         now = self.clock.now()
         t0 = time.perf_counter()
-        commands = self.core.handle(event, now)
+        commands = self.core.handle(event, now, decide)
         self.decide_s.append(time.perf_counter() - t0)
         self.events += 1
         if self.journal is not None:
@@ -207,6 +216,8 @@ class Engine:
                     self._complete(c.action_id, c.ok if tc is cmd.Done else False)
             elif tc is cmd.Reserve:
                 self._pods[c.sandbox] = (now, -1.0, len(c.cores))
+        if not decide:
+            return
         d = self.core.next_deadline()
         if d is not None and d not in self._ticks:
             self._ticks.add(d)

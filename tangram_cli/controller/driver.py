@@ -3,10 +3,12 @@
 Rules:
 
 1. Only the driver task calls the core. Everything else (agent link, gateway, timers) posts
-   events with `Driver.post(event, after=None)`; `after(commands)` runs right after the
-   commands of that event were dispatched (the gateway uses it to answer a request once the
-   core has decided, e.g. `Accepted` only when the core did not reject at once).
-2. When no event arrives before `core.next_deadline()`, the driver feeds a `Tick`.
+   events with `Driver.post(event, after=None)`; `after(commands)` runs once the batch that
+   held the event was decided and dispatched (the gateway uses it to answer a request once the
+   core has decided, e.g. `Accepted` only when the core neither rejected nor started it).
+2. Events waiting together are handled as one batch (at most `BATCH_MAX`, one `now`): each is
+   applied, and the core decides once, after the last. When no event arrives before
+   `core.next_deadline()`, the driver feeds a `Tick`.
 3. Every event and its commands are journaled before dispatch (`--journal FILE`), with the
    time in seconds since controller start, so live and simulated journals share one format.
 4. `dispatch(event, commands)` must not block: it sends messages without waiting and starts
@@ -41,6 +43,8 @@ URGENT = (ev.ActionFinished, ev.NodeLost, ev.NodeJoined, ev.ServiceEvicted)
 SLOW_DECISION_S = 0.05  # a decision this long is logged, with its event type, and kept for status
 
 SLICE_S = 0.02  # the longest the driver handles queued events before it lets the loop run
+
+BATCH_MAX = 256  # the most events decided together (one pass over the queues per batch)
 
 After = Callable[[list[Command] | None], None]  # None: the core raised (answer INTERNAL)
 Dispatch = Callable[[ev.Event, list[Command]], None]
@@ -192,15 +196,52 @@ class Driver:
         return len(self._urgent) + len(self._normal)
 
     def step(self, event: ev.Event, after: After | None = None) -> list[Command]:
-        """Handle one event now (driver task only)."""
-        started = time.perf_counter()
+        """Handle one event now and decide (driver task, or start-up before it runs)."""
+        return self.batch([(event, after)])[-1]
+
+    def batch(self, items: list[tuple[ev.Event, After | None]]) -> list[list[Command]]:
+        """Handle `items` at one instant and decide once, after the last (`Scheduler.handle`'s
+        ``decide=False``). Each event's own commands are journaled and dispatched as it is
+        applied; the decision's go with the last event, as the simulator journals a batch of
+        one instant. The `after` callbacks run once everything is dispatched, so an `Accepted`
+        goes only to requests still queued after the decision. Returns each event's commands."""
         now = self.clock.now()
-        try:
-            commands = self.core.handle(event, now)
-        except Exception:
-            if after is not None:
-                after(None)
-            raise
+        done: list[list[Command]] = []
+        failed: list[After | None] = []
+        last = len(items) - 1
+        for i, (event, after) in enumerate(items):
+            started = time.perf_counter()
+            try:
+                commands = self.core.handle(event, now, decide=False)
+            except Exception:
+                log.exception("core.handle failed for %r", event)
+                commands = []
+                failed.append(after)
+            if i == last:
+                try:
+                    commands.extend(self.core.decide(now))
+                except Exception:
+                    log.exception("the core's decision failed after %r", event)
+            self._record(started, event, commands)
+            try:
+                self.journal.append(now, event, commands)
+            except Exception:
+                log.exception("journal append failed")
+            try:
+                self.dispatch(event, commands)
+            except Exception:
+                log.exception("dispatch failed for %r", event)
+            done.append(commands)
+        for (_event, after), commands in zip(items, done):
+            if after is None:
+                continue
+            try:
+                after(None if after in failed else commands)
+            except Exception:
+                log.exception("after-callback failed for %r", _event)
+        return done
+
+    def _record(self, started: float, event: ev.Event, commands: list[Command]) -> None:
         took = time.perf_counter() - started
         self.decide.add(took)
         self.handled += 1
@@ -209,36 +250,24 @@ class Driver:
             log.warning(
                 "slow decision: %.0f ms for %s (%d commands)", took * 1e3, type(event).__name__, len(commands)
             )
-        try:
-            self.journal.append(now, event, commands)
-        except Exception:
-            log.exception("journal append failed")
-        try:
-            self.dispatch(event, commands)
-        except Exception:
-            log.exception("dispatch failed for %r", event)
-        if after is not None:
-            try:
-                after(commands)
-            except Exception:
-                log.exception("after-callback failed for %r", event)
-        self.loop_lag_s = max(self.loop_lag_s * 0.99, time.perf_counter() - started)
-        return commands
+        self.loop_lag_s = max(self.loop_lag_s * 0.99, took)
 
-    def _next(self) -> tuple[ev.Event, After | None] | None:
-        if self._urgent:
-            return self._urgent.popleft()
-        if self._normal:
-            return self._normal.popleft()
-        return None
+    def _take(self) -> list[tuple[ev.Event, After | None]]:
+        """The next batch: completions and node changes first, then the rest in arrival order,
+        at most `BATCH_MAX` events."""
+        out: list[tuple[ev.Event, After | None]] = []
+        for lane in (self._urgent, self._normal):
+            while lane and len(out) < BATCH_MAX:
+                out.append(lane.popleft())
+        return out
 
     async def run(self) -> None:
-        """Handle events until cancelled: completions first, then the rest in arrival order; a
-        `Tick` when nothing arrives before the core's next deadline; the loop is given back every
-        `SLICE_S` so sockets, heartbeats and status are served during a burst."""
+        """Handle events until cancelled, in batches (`_take`): completions first, then the rest
+        in arrival order; a `Tick` when nothing arrives before the core's next deadline; the
+        loop is given back every `SLICE_S` so sockets, heartbeats and status are served during
+        a burst."""
         while True:
-            item = self._next()
-            if item is None:
+            if not self.pending:
                 self._flush()  # idle: what was decided reaches the OS before the driver sleeps
                 if self.collector is not None:
                     self.collector.maybe_collect(idle=True)
@@ -250,11 +279,11 @@ class Driver:
                     else:
                         await asyncio.wait_for(self._wake.wait(), timeout)
                 except (TimeoutError, asyncio.TimeoutError):
-                    self._run_step(ev.Tick(), None)
+                    self.step(ev.Tick())
                 continue
             slice_end = time.perf_counter() + SLICE_S
-            while item is not None:
-                self._run_step(*item)
+            while self.pending:
+                self.batch(self._take())
                 if time.perf_counter() >= slice_end:
                     self.yields += 1
                     self._flush()
@@ -262,10 +291,4 @@ class Driver:
                         self.collector.maybe_collect(idle=False)
                     await asyncio.sleep(0)
                     slice_end = time.perf_counter() + SLICE_S
-                item = self._next()
 
-    def _run_step(self, event: ev.Event, after: After | None) -> None:
-        try:
-            self.step(event, after)
-        except Exception:
-            log.exception("core.handle failed for %r", event)

@@ -65,7 +65,7 @@ from typing import Any
 import zmq
 
 from tangram import protocol
-from tangram.sockio import shadow
+from tangram.sockio import recv_frames, send_frames, shadow
 from tangram_cli.controller.replies import CACHE_TTL_S, ClientState
 
 log = logging.getLogger("tangram.controller.sessions")
@@ -395,10 +395,10 @@ class SubmitWire:
 
     def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[Any]:
         first = self.sync.recv(flags, copy=False)
-        return [first, *self.sync.recv_multipart(flags)]  # the rest of the same message (atomic)
+        return [first, *recv_frames(self.sync, flags)]  # the rest of the same message (atomic)
 
     def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
-        self.sync.send_multipart(frames, flags)
+        send_frames(self.sync, frames, flags)
 
 
 _SRCFD = int(zmq.SRCFD)

@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 
-from tangram.sockio import SocketReader, shadow
+from tangram.sockio import SocketReader, send_frames, shadow
 
 log = logging.getLogger("tangram.controller.wire")
 
@@ -28,7 +28,10 @@ def send_now(sock: Any, frames: list[bytes]) -> bool:
     """Send without waiting; False when the peer is unknown or its queue is full."""
     sync = shadow(sock)
     try:
-        sync.send_multipart(frames, zmq.NOBLOCK)
+        if isinstance(sync, zmq.Socket):
+            send_frames(sync, frames)
+        else:
+            sync.send_multipart(frames, zmq.NOBLOCK)
     except zmq.ZMQError as exc:
         log.debug("send failed: %s", exc)
         return False

@@ -43,6 +43,7 @@ from tangram.sim.engine import EVENT, Engine
 from tangram.sim.workloads import Workload
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.daemon import Options
+from tangram_cli.controller import driver as driver_module
 from tangram_cli.controller.driver import Driver
 
 GIB = 1024
@@ -137,6 +138,7 @@ def _trace() -> tuple[Trace, dict[str, Truth]]:
         (4.375, ev.ActionCancelled("x5", "client cancelled")),
         (5.5, ev.ActionSubmitted(_call("g3", "judge", (1,), 1.0))),
         (6.0, ev.ActionSubmitted(_exec("x6", "sb1", 1, 8, 3.0))),
+        (6.0, ev.ActionSubmitted(_exec("x7", "sb2", 1, 8, 3.0))),  # one batch with x6: decided together
         (14.0, ev.SandboxClosed("sb2")),
         (15.0, ev.SandboxClosed("sb1")),
     ]
@@ -147,6 +149,7 @@ def _trace() -> tuple[Trace, dict[str, Truth]]:
         "x4": Truth(5.0, Elasticity.amdahl(0.1)),
         "x5": Truth(20.0, Elasticity.amdahl(0.1)),
         "x6": Truth(3.3, Elasticity.amdahl(0.1)),
+        "x7": Truth(2.9, Elasticity.amdahl(0.1)),
         "g1": Truth(2.1, Elasticity.amdahl(0.2), 24.0),
         "g2": Truth(1.4, Elasticity.amdahl(0.2), 24.0),
         "g3": Truth(0.9, Elasticity.amdahl(0.2), 24.0),
@@ -346,6 +349,23 @@ def test_perturbed_driver_differs() -> None:
     assert d is not None
     assert d.a is not None
     assert d.a["event"]["spec"]["action_id"] == "l2"
+
+
+def test_unbatched_driver_differs(monkeypatch: Any) -> None:
+    """x6 and x7 arrive at one instant: one decision, journaled with x7, the batch's last event
+    (the core weighs both; here ApproxACTs gives x6 the whole node and x7 waits). A driver that
+    decided after each event would journal x6's start with x6: the guard sees the difference."""
+    trace, truths = _trace()
+    sim = simulate(trace, truths)
+    x6 = next(r for r in sim if r["event"].get("spec", {}).get("action_id") == "x6")
+    x7 = next(r for r in sim if r["event"].get("spec", {}).get("action_id") == "x7")
+    assert x6["commands"] == []  # applied only: its decision came with x7's
+    started = {c["action_id"] for c in x7["commands"] if c["type"] == "Spawn"}
+    assert "x6" in started
+    monkeypatch.setattr(driver_module, "BATCH_MAX", 1)
+    d = jr.diff(sim, drive(trace, truths))
+    assert d is not None
+    assert d.a is not None and d.a["event"]["spec"]["action_id"] == "x6"
 
 
 def test_stale_deadline() -> None:

@@ -59,8 +59,8 @@ class Checked:
     def config(self) -> Any:
         return self.core.config
 
-    def handle(self, event: Any, now: float) -> list[Any]:
-        out = self.core.handle(event, now)
+    def handle(self, event: Any, now: float, decide: bool = True) -> list[Any]:
+        out = self.core.handle(event, now, decide)
         self.ledger.apply(out)
         self.log.append((now, event, out))
         return out
