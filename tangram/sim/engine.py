@@ -4,8 +4,9 @@ Items are core events (fed to ``core.handle`` and journaled, then the cluster mo
 the start commands into finish events), trajectory wake-ups (the client submits its next
 action after its generation time) and direct API attempts (the api-retry baseline). Core
 events of one instant that follow each other are one batch, decided once after the last (as
-the live driver does); after each decision a ``Tick`` is queued at ``core.next_deadline()``. Ties at one instant keep
-insertion order (``seq``), so a run is a pure function of (workload, batch, policy, seed).
+the live driver does); after each decision a ``Tick`` is queued at ``core.next_deadline()``.
+Ties at one instant keep insertion order (``seq``), so a run is a pure function of
+(workload, batch, policy, seed).
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ class Driver:
             except Exception:
                 log.exception("dispatch failed for %r", event)
             done.append(commands)
-        for (_event, after), commands in zip(items, done):
+        for (_event, after), commands in zip(items, done, strict=True):
             if after is None:
                 continue
             try:
