@@ -21,6 +21,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--controller", metavar="tcp://HOST:PORT", help="the controller's agents address")
     ap.add_argument("--name", help="node name (default: the host name)")
     ap.add_argument("--cluster", help="cluster name, labels the sandboxes (default: default)")
+    ap.add_argument("--cluster-id", help="the cluster's unique id (from `tangram up`): only containers "
+                                         "labelled with it are this agent's (default: none)")
     ap.add_argument("--executor", choices=EXECUTORS, help="auto = docker if dockerd answers, else process")
     ap.add_argument("--docker-mode", choices=("auto", "fastpath", "docker"), help="docker executor exec path")
     ap.add_argument("--cpus", metavar="LIST", help="cores to hand out, e.g. 0-7 (default: online minus idle)")
@@ -50,7 +52,8 @@ def parser() -> argparse.ArgumentParser:
 
 def overrides(ns: argparse.Namespace) -> dict[str, Any]:
     return {
-        "controller": ns.controller, "name": ns.name, "cluster": ns.cluster, "executor": ns.executor,
+        "controller": ns.controller, "name": ns.name, "cluster": ns.cluster,
+        "cluster_id": ns.cluster_id, "executor": ns.executor,
         "docker_mode": ns.docker_mode, "cpus": ns.cpus, "idle_cpus": ns.idle_cpus,
         "mem_mib": parse_mib(ns.mem, "--mem") if ns.mem is not None else None, "workdir": ns.workdir,
         "image": ns.image, "emulated_gpus": ns.emulated_gpus,

@@ -19,6 +19,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from tangram import units
 from tangram.errors import ConfigError
 
 HOSTROOT_IMAGE = "tangram/hostroot:1"
@@ -27,45 +28,18 @@ DOCKER_MODES = ("auto", "fastpath", "docker")
 _ADDR_RE = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
 _NAME_RE = re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$")  # protocol ID_PATTERN
 _CLUSTER_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")  # becomes part of container names
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|[KMGT])?\s*$", re.IGNORECASE)
-_SIZE_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+_CLUSTER_ID_RE = re.compile(r"^[a-z0-9]{1,32}$")  # `tangram up` makes 12 hex digits
 
 
 def parse_mib(value: Any, what: str = "size") -> int:
-    """``"16GiB"`` -> 16384, ``"512MiB"`` -> 512, ``2048`` (an int: MiB) -> 2048."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a size such as '16GiB', got {value!r}")
-    if isinstance(value, int):
-        mib = value
-    else:
-        m = _SIZE_RE.match(str(value))
-        if not m:
-            raise ConfigError(f"{what}: cannot read size {value!r}",
-                              hint="write e.g. 16GiB, 512MiB or a number of MiB")
-        unit = (m.group(2) or "M")[0].upper()
-        mib_f = float(m.group(1)) * _SIZE_MIB[unit]
-        if mib_f != int(mib_f):
-            raise ConfigError(f"{what}: {value!r} is not a whole number of MiB")
-        mib = int(mib_f)
-    if mib < 0:
-        raise ConfigError(f"{what}: must be >= 0, got {value!r}")
-    return mib
+    """``"16GiB"`` -> 16384, ``"2GB"`` -> 1907, ``2048`` (an int: MiB) -> 2048: `tangram.units` rules;
+    a bad value raises `UnitError`, which is a ConfigError."""
+    return units.parse_size_mib(value, what)
 
 
 def parse_cpulist(value: Any, what: str = "cpus") -> list[int]:
-    """``"0-3,8"`` or ``[0, 1, 2, 3, 8]`` -> sorted distinct cores."""
-    from agent.executors.base import parse_cpuset
-
-    if isinstance(value, (list, tuple)):
-        if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 4095 for c in value):
-            raise ConfigError(f"{what}: expected core numbers 0..4095, got {value!r}")
-        if len(set(value)) != len(value):
-            raise ConfigError(f"{what}: repeats a core: {value!r}")
-        return sorted(value)
-    try:
-        return list(parse_cpuset(str(value)))
-    except ValueError as exc:
-        raise ConfigError(f"{what}: {exc}", hint="write a cpulist such as 0-3,8") from None
+    """``"0-3,8"`` or ``[0, 1, 2, 3, 8]`` -> sorted distinct cores (`tangram.units` rules)."""
+    return list(units.parse_cpulist(value, what))
 
 
 def default_name() -> str:
@@ -87,6 +61,9 @@ class AgentConfig:
     controller: str
     name: str = ""
     cluster: str = "default"
+    # The cluster's unique id (`tangram up` writes it): labels and names this agent's containers, and only
+    # containers with it are listed, adopted or swept here. "": none (containers told apart by name only).
+    cluster_id: str = ""
     executor: str = "auto"  # auto = docker if dockerd answers, else process
     docker_mode: str = "auto"  # docker executor's exec path: auto | fastpath | docker
     cpus: list[int] | None = None  # cores handed out; None = all online minus idle_cpus
@@ -167,6 +144,14 @@ class AgentConfig:
 
     # ------------------------------------------------------------ checks
 
+    def _check_cluster(self) -> None:
+        if not isinstance(self.cluster, str) or not _CLUSTER_RE.match(self.cluster):
+            raise ConfigError(f"cluster: {self.cluster!r} must match {_CLUSTER_RE.pattern}")
+        cid = self.cluster_id
+        if cid and not (isinstance(cid, str) and _CLUSTER_ID_RE.match(cid)):
+            raise ConfigError(f"cluster_id: {cid!r} must match {_CLUSTER_ID_RE.pattern}",
+                              hint="`tangram up` writes it into agent.json; leave it out for none")
+
     def validate(self) -> None:
         m = _ADDR_RE.match(self.controller) if isinstance(self.controller, str) else None
         if not m or not 0 < int(m.group(2)) < 65536:
@@ -184,8 +169,7 @@ class AgentConfig:
         if not _NAME_RE.match(self.name):
             raise ConfigError(f"name: {self.name!r} is not a valid node name",
                               hint="1-64 characters from A-Z a-z 0-9 _ . : - not starting with . or -")
-        if not _CLUSTER_RE.match(self.cluster):
-            raise ConfigError(f"cluster: {self.cluster!r} must match {_CLUSTER_RE.pattern}")
+        self._check_cluster()
         if self.executor not in EXECUTORS:
             raise ConfigError(f"executor: expected one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.docker_mode not in DOCKER_MODES:

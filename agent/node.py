@@ -111,7 +111,8 @@ def build_executor(cfg: AgentConfig, docker_ok: bool, idle: list[int]) -> tuple[
             ensure_hostroot_image(client)
         return DockerExecutor(client, cfg.cluster, format_cpuset(idle), cfg.image, mode=cfg.docker_mode,
                               node=cfg.name, user=cfg.docker_user, mem_mib=cfg.default_sandbox_mem(),
-                              disk_mib=cfg.sandbox_disk_mib, workdir=cfg.workdir), kind
+                              disk_mib=cfg.sandbox_disk_mib, workdir=cfg.workdir,
+                              cluster_id=cfg.cluster_id), kind
     from agent.executors.process import ProcessExecutor
 
     return ProcessExecutor(os.path.join(cfg.workdir, "sandboxes"), format_cpuset(idle), cluster=cfg.cluster,

@@ -17,11 +17,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from tangram import units
+
 log = logging.getLogger("agent.probe")
 
-_CPU_ITEM = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
 _NODE_DIR = re.compile(r"^node([0-9]+)$")
-MAX_CPU = 65535
 
 
 # ---------------------------------------------------------------- pure parsers
@@ -30,22 +30,10 @@ MAX_CPU = 65535
 def parse_cpulist(text: str) -> list[int]:
     """Kernel cpulist (``/sys/devices/system/cpu/online``, ``node*/cpulist``): ``"0-3,8\\n"`` -> [0,1,2,3,8].
 
-    An empty file (a memory-only NUMA node) is ``[]``. Malformed text raises ValueError.
+    An empty file (a memory-only NUMA node) is ``[]``. Malformed text raises ValueError (`tangram.units`
+    rules, the same as every other cpulist).
     """
-    text = text.strip()
-    if not text:
-        return []
-    out: set[int] = set()
-    for item in text.split(","):
-        m = _CPU_ITEM.match(item.strip())
-        if not m:
-            raise ValueError(f"bad cpulist item {item!r}")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
-        if hi < lo or hi > MAX_CPU:
-            raise ValueError(f"bad cpulist range {item!r}")
-        out.update(range(lo, hi + 1))
-    return sorted(out)
+    return list(units.parse_cpulist(text, "cpulist", allow_empty=True))
 
 
 def parse_meminfo(text: str) -> dict[str, int]:

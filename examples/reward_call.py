@@ -1,9 +1,10 @@
 """A reward-model call on a GPU service (the emulated `reward` service of the local cluster).
 
 The first call restores the service from its host-memory copy onto a GPU (`loaded=True`);
-later calls find it resident. Start the cluster as in `coding_rollout.py`, then:
+later calls find it resident. Start a cluster, then run this file:
 
-    TANGRAM_ADDR=tcp://127.0.0.1:7701 python examples/reward_call.py
+    tangram up
+    python examples/reward_call.py      # the client finds the local cluster (or: eval "$(tangram env)")
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ for a human carry a `hint` ("To fix: ...") and an `exit_code` for the CLI.
     TangramError                      message, hint, detail, code, retryable, exit_code
      |
      +-- remote errors: one class per ErrorCode (the bijection used on the wire)
-     |    +-- ActionTimeout           TIMEOUT          retryable   budget spent
+     |    +-- ActionTimeout           TIMEOUT          retryable   budget spent (also a builtin TimeoutError;
+     |    |                                                        carries an exec's partial output)
      |    +-- QuotaExceeded           QUOTA_EXCEEDED   retryable   quota unmet within the budget
      |    +-- NodeLost                NODE_LOST        retryable   node of a stateless CALL died
      |    +-- RetryLater              RETRY_LATER      retryable   backpressure: caps reached
@@ -16,6 +17,9 @@ for a human carry a `hint` ("To fix: ...") and an `exit_code` for the CLI.
      |    +-- SandboxLost             SANDBOX_LOST                 trajectory state is gone
      |    +-- BadRequest              BAD_REQUEST                  schema, ids, resource asks
      |    |    +-- MessageTooLarge                              client side: over MAX_MESSAGE_BYTES
+     |    |    +-- UnitError                                    a size, duration or cpulist that does not
+     |    |                                                     parse (tangram/units.py); also a ConfigError
+     |    |                                                     and a ValueError
      |    +-- OverCap                 OVER_CAP                     bytes held for this client at its cap
      |    +-- NotPermitted            AUTH                         the peer's role may not do this
      |    +-- RemoteError             REMOTE_ERROR                 a service raised; detail = traceback
@@ -73,6 +77,7 @@ __all__ = [
     "RetryLater",
     "SandboxLost",
     "TangramError",
+    "UnitError",
     "VersionMismatch",
     "code_of",
     "error_from_code",
@@ -132,10 +137,43 @@ class TangramError(Exception):
 # ---------------------------------------------------------------- remote errors (one per code)
 
 
-class ActionTimeout(TangramError):
+class ActionTimeout(TangramError, TimeoutError):
+    """The budget ran out. Also a builtin `TimeoutError`, so `except TimeoutError` catches it.
+
+    For an exec that was killed while running, `stdout_bytes`/`stderr_bytes` hold what it wrote
+    before (as much as the agent kept, 16 MiB per stream); `stdout`/`stderr` decode them. Empty
+    when it never started, or for other requests."""
+
     code = ErrorCode.TIMEOUT
     retryable = True
     default_hint = "raise timeout= or make the action shorter"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        detail: str | None = None,
+        stdout_bytes: bytes = b"",
+        stderr_bytes: bytes = b"",
+    ) -> None:
+        super().__init__(message, hint=hint, detail=detail)
+        self.stdout_bytes = stdout_bytes
+        self.stderr_bytes = stderr_bytes
+
+    def with_output(self, blobs: tuple[bytes, ...] | list[bytes]) -> ActionTimeout:
+        """Keep the partial output a timed-out exec's Error carried (blob 0 stdout, 1 stderr)."""
+        self.stdout_bytes = bytes(blobs[0]) if len(blobs) > 0 else b""
+        self.stderr_bytes = bytes(blobs[1]) if len(blobs) > 1 else b""
+        return self
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", "replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", "replace")
 
 
 class QuotaExceeded(TangramError):
@@ -264,6 +302,27 @@ class ConfigError(TangramError):
 
 class InventoryError(ConfigError):
     """The inventory is invalid; the message names the entry and field (`nodes[2].gpus`)."""
+
+
+class UnitError(BadRequest, ConfigError, ValueError):
+    """A size, duration or cpulist that `tangram.units` refuses. The message names the field, the
+    value and the accepted forms. It is a `BadRequest` (the client), a `ConfigError` (agent and
+    inventory configuration: exit code 2) and a `ValueError` (pydantic validators) at once."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        detail: str | None = None,
+        value: object = None,
+        what: str = "",
+        forms: str = "",
+    ) -> None:
+        super().__init__(message, hint=hint, detail=detail)
+        self.value = value
+        self.what = what
+        self.forms = forms
 
 
 class PartialFailure(TangramError):

@@ -199,7 +199,7 @@ __all__ = [
 ]
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 3  # 1.1 Welcome.max_outstanding, 1.2 Welcome.durable, 1.3 sessions (Welcome.session)
+PROTOCOL_MINOR = 4  # 1.1 Welcome.max_outstanding, 1.2 Welcome.durable, 1.3 sessions, 1.4 run vs total budgets
 SESSIONS_MINOR = 3  # the first minor whose clients carry session tokens; the controller refuses older ones
 TOKEN_BYTES = SESSION_TOKEN_BYTES  # a session token: frame 2 is the request id, then this many bytes
 TAG = b"TGR%d" % PROTOCOL_MAJOR

@@ -246,8 +246,9 @@ class Exec(Message):
     efficiency: Annotated[dict[Units, Annotated[float, Range(0, 1e6)]], Items(1024)] | None = None
     duration_hint_s: Seconds = 0.0
     env: Env = field(default_factory=dict)
-    budget_ms: Count = 0
+    budget_ms: Count = 0  # the longest run once started (before 1.4: queueing included); 0: the maximum
     idempotent: bool = False
+    total_budget_ms: Count = 0  # 1.4: the whole request, queueing included; 0: the controller's maximum
 
     def _problem(self) -> str | None:
         if self.cpus_max < self.cpus_min:
@@ -264,9 +265,10 @@ class Call(Message):
     _min_blobs = 1
     service: Id
     gpus: Annotated[int, Range(1, 64)] = 1
-    budget_ms: Count = 0
+    budget_ms: Count = 0  # as Exec.budget_ms
     gpus_options: Annotated[list[Annotated[int, Range(1, 64)]], Items(8)] = field(default_factory=list)
     elastic: Id | None = None
+    total_budget_ms: Count = 0  # as Exec.total_budget_ms
 
     def _problem(self) -> str | None:
         if self.gpus_options and self.gpus not in self.gpus_options:

@@ -7,6 +7,13 @@
     clusters/<name>/state.jsonl   the controller's durable state (``--state``), replayed at start
     clusters/<name>/controller.json, controller.ready   its configuration and its bound ports
 
+Each cluster gets a unique ``cluster_id`` when `up` starts it afresh (``new_cluster_id``). It is in the
+controller's configuration, in every agent's ``agent.json``, and on every sandbox container (label
+``tangram.cluster-id``, and in the container's name), so two clusters of one name (two users, or two
+``TANGRAM_HOME``s, on one Docker daemon) never touch each other's containers: agents list, adopt and sweep
+only their id's, and `down` removes only its own. A state written before ids existed has none
+(``cluster_id == ""``, legacy): then nothing is swept by the bare name.
+
 ``state.json`` is written atomically (temporary file, fsync, rename) under an exclusive flock, and is
 used only to *find* a cluster: the controller's status socket is the truth about what runs. A state
 whose controller pid is gone (or now belongs to another program) is stale; ``load`` reports it and
@@ -23,6 +30,7 @@ import errno
 import fcntl
 import json
 import os
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -78,6 +86,11 @@ def ensure_dirs(name: str) -> Path:
     return d
 
 
+def new_cluster_id() -> str:
+    """A fresh cluster id: 12 random hex digits (48 bits)."""
+    return secrets.token_hex(6)
+
+
 @dataclass
 class HostState:
     """One node of the cluster as `up` left it."""
@@ -114,6 +127,7 @@ class ClusterState:
     executor: str = ""
     gpus: str = ""  # e.g. "8 emulated x 80GiB"
     certs: str = ""  # CURVE certs directory (tangram_cli/keys.py); "" = plain TCP on loopback
+    cluster_id: str = ""  # unique per cluster (new_cluster_id); "" = a legacy state, made before ids
     version: int = STATE_VERSION
 
     # ---------------------------------------------------------------- addresses

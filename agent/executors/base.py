@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Protocol, runtime_checkable
 
+from tangram import units
+
 MiB = 1 << 20
 DEFAULT_OUTPUT_CAP = 16 * MiB
 DEFAULT_GET_CAP = 64 * MiB
-MAX_CPU = 4095
 WORKDIR = "/work"
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -141,45 +142,9 @@ def check_request(req: RunRequest, allowed: Iterable[int] | None = None) -> None
 # ---------------------------------------------------------------- cpusets
 
 
-def format_cpuset(cores: Iterable[int]) -> str:
-    """(0, 1, 2, 3, 8) -> "0-3,8"."""
-    ordered = sorted(set(cores))
-    if not ordered or ordered[0] < 0:
-        raise ValueError(f"cannot format cpuset {ordered!r}")
-    parts: list[str] = []
-    start = prev = ordered[0]
-    for cpu in [*ordered[1:], None]:
-        if cpu is not None and cpu == prev + 1:
-            prev = cpu
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if cpu is not None:
-            start = prev = cpu
-    return ",".join(parts)
-
-
-_CPU_ITEM_RE = re.compile(r"^(0|[1-9][0-9]{0,4})(?:-(0|[1-9][0-9]{0,4}))?$")
-
-
-def parse_cpuset(text: str, max_cpu: int = MAX_CPU) -> tuple[int, ...]:
-    """Strict cpulist parser: "0-3,8" -> (0, 1, 2, 3, 8); rejects empty, overlaps, reversed ranges."""
-    text = text.strip()
-    if not text:
-        raise ValueError("empty cpuset")
-    seen: set[int] = set()
-    for item in text.split(","):
-        m = _CPU_ITEM_RE.match(item)
-        if not m:
-            raise ValueError(f"bad cpuset item {item!r} in {text!r}")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
-        if hi < lo or hi > max_cpu:
-            raise ValueError(f"cpuset range {item!r} invalid (max cpu {max_cpu})")
-        span = set(range(lo, hi + 1))
-        if span & seen:
-            raise ValueError(f"cpuset {text!r} repeats a cpu")
-        seen |= span
-    return tuple(sorted(seen))
+# One cpulist syntax everywhere (docs/cli.md, "Units"): the executors' names for tangram.units'.
+format_cpuset = units.format_cpulist
+parse_cpuset = units.parse_cpulist
 
 
 # ---------------------------------------------------------------- commands and output

@@ -71,7 +71,10 @@ from .docker_limits import (
 from .images import HOSTROOT_IMAGE, hostroot_mounts
 from .spawner import Spawner, container_config
 
-LABEL_CLUSTER = "tangram.cluster"
+LABEL_CLUSTER = "tangram.cluster"  # the cluster's name (for people: two clusters may share a name)
+# The cluster's unique id (``tangram up`` makes one per cluster): what an agent lists, adopts and sweeps,
+# and what ``tangram down`` removes. Containers without it were made by a cluster without an id (legacy).
+LABEL_CLUSTER_ID = "tangram.cluster-id"
 LABEL_SANDBOX = "tangram.sandbox"
 LABEL_NODE = "tangram.node"  # the agent (node name) that created it: a restarted agent cleans only its own
 LABEL_USER = leftovers.LABEL_USER  # the sandbox user (uid:gid); the container's own user is the keeper
@@ -80,8 +83,24 @@ SPAWNER_TRIES = 3  # spawner starts that may fail per sandbox before it keeps to
 log = logging.getLogger("agent.executors.docker")
 
 
-def container_name(cluster: str, sandbox: str) -> str:
-    return f"tangram-{cluster}-{sandbox}"
+def container_name(cluster: str, sandbox: str, cluster_id: str = "") -> str:
+    """``tangram-<cluster>-<id>-<sandbox>``: unique on the daemon, even for two clusters of one name."""
+    return f"tangram-{cluster}-{cluster_id}-{sandbox}" if cluster_id else f"tangram-{cluster}-{sandbox}"
+
+
+def own_filter(cluster: str, cluster_id: str) -> dict[str, list[str]]:
+    """The ``containers.list`` filter for a cluster's containers (``is_own`` finishes the job)."""
+    if cluster_id:
+        return {"label": [f"{LABEL_CLUSTER_ID}={cluster_id}"]}
+    return {"label": [f"{LABEL_CLUSTER}={cluster}"]}
+
+
+def is_own(labels: dict[str, str], cluster: str, cluster_id: str) -> bool:
+    """Whether a container with ``labels`` belongs to this cluster: the same id; without an id (legacy),
+    the same name and no id at all, so an agent without one never touches a cluster that has one."""
+    if cluster_id:
+        return labels.get(LABEL_CLUSTER_ID) == cluster_id
+    return labels.get(LABEL_CLUSTER) == cluster and LABEL_CLUSTER_ID not in labels
 
 
 def sandbox_owner(spec: SandboxSpec, limits: SandboxLimits) -> tuple[int, int]:
@@ -95,16 +114,21 @@ DEFAULT_LIMITS = SandboxLimits()
 
 
 def container_kwargs(spec: SandboxSpec, cluster: str, idle_cpus: str, image: str, node: str = "",
-                     limits: SandboxLimits = DEFAULT_LIMITS, etc_dir: str | None = None) -> dict[str, Any]:
+                     limits: SandboxLimits = DEFAULT_LIMITS, etc_dir: str | None = None,
+                     cluster_id: str = "") -> dict[str, Any]:
     """Pure: the ``containers.run`` arguments for a sandbox (``etc_dir``: its ``/etc`` with the hostroot
-    image, see ``sandbox_etc``)."""
+    image, see ``sandbox_etc``; ``cluster_id``: the cluster's unique id, labelled and in the name)."""
     owner = sandbox_owner(spec, limits)
     labels = {**spec.labels, LABEL_CLUSTER: cluster, LABEL_SANDBOX: spec.sandbox, LABEL_USER: user_str(owner)}
+    labels.pop(LABEL_CLUSTER_ID, None)  # only the agent's own id, never one from the request
+    if cluster_id:
+        labels[LABEL_CLUSTER_ID] = cluster_id
     if node:
         labels[LABEL_NODE] = node
     kw: dict[str, Any] = dict(
-        image=image, command=["sleep", "infinity"], name=container_name(cluster, spec.sandbox), detach=True,
-        init=True, network_mode="none", **mem_kwargs(spec.mem_mib, limits), pids_limit=spec.pids_limit,
+        image=image, command=["sleep", "infinity"], name=container_name(cluster, spec.sandbox, cluster_id),
+        detach=True, init=True, network_mode="none", **mem_kwargs(spec.mem_mib, limits),
+        pids_limit=spec.pids_limit,
         cap_drop=["ALL"], security_opt=["no-new-privileges"], cpuset_cpus=idle_cpus, working_dir=WORKDIR,
         labels=labels, user=user_str(keeper_for(owner)), environment={"HOME": WORKDIR},
         **disk_kwargs(limits, owner),
@@ -160,14 +184,17 @@ class DockerExecutor:
     def __init__(self, client: Any, cluster: str, idle_cpus: str, image_default: str = HOSTROOT_IMAGE,
                  mode: str = "auto", spawner: bool = True, node: str = "", *, user: str = DEFAULT_USER,
                  mem_mib: int | None = None, disk_mib: int = DEFAULT_DISK_MIB,
-                 workdir: str | None = None) -> None:
+                 workdir: str | None = None, cluster_id: str = "") -> None:
         """``node``: the agent's node name, labelled on the containers it creates (``LABEL_NODE``).
+        ``cluster_id``: the cluster's unique id (``LABEL_CLUSTER_ID``, see ``is_own``); "" for a cluster
+        without one, whose containers are then told apart by name only.
         ``user``, ``mem_mib`` (None: ``docker_limits.default_mem_mib``), ``disk_mib``: see
         ``docker_limits.SandboxLimits``; raises ConfigError when this dockerd cannot enforce ``disk_mib``.
         ``workdir``: the agent's, where the hostroot sandboxes' ``/etc`` is written (None: ``~/.tangram``)."""
         if mode not in ("auto", "fastpath", "docker"):
             raise ValueError(f"`mode` must be auto, fastpath or docker, got {mode!r}")
         self.client, self.cluster, self.image_default = client, check_name("cluster", cluster), image_default
+        self.cluster_id = check_name("cluster id", cluster_id) if cluster_id else ""
         self.idle = parse_cpuset(idle_cpus)
         self.idle_cpus = format_cpuset(self.idle)
         fast_ok = os.geteuid() == 0 and shutil.which("nsenter") is not None
@@ -191,7 +218,8 @@ class DockerExecutor:
         image = spec.image or self.image_default
         owner = sandbox_owner(spec, self.limits)
         etc_dir = await asyncio.to_thread(self._etc_dir, owner) if image == HOSTROOT_IMAGE else None
-        kw = container_kwargs(spec, self.cluster, self.idle_cpus, image, self.node, self.limits, etc_dir)
+        kw = container_kwargs(spec, self.cluster, self.idle_cpus, image, self.node, self.limits, etc_dir,
+                              self.cluster_id)
         container = await asyncio.to_thread(self.client.containers.run, **kw)
         try:
             if self.limits.disk != "tmpfs":  # the sandbox user owns its workdir (a tmpfs is made so)
@@ -262,9 +290,11 @@ class DockerExecutor:
         import docker.errors
 
         try:  # adopt a sandbox created by an earlier agent (reconciliation)
-            container = await asyncio.to_thread(self.client.containers.get, container_name(self.cluster, name))
+            container = await asyncio.to_thread(self.client.containers.get, self._name(name))
         except docker.errors.NotFound:
             raise SandboxNotFound(f"no sandbox {name!r}") from None
+        if not is_own(container.labels, self.cluster, self.cluster_id):
+            raise SandboxNotFound(f"no sandbox {name!r} of this cluster")
         sb = self._sandboxes[name] = await asyncio.to_thread(self._attach, container)
         return sb
 
@@ -276,15 +306,22 @@ class DockerExecutor:
             await sb.spawner.close()
         if sb is not None and sb.slots is not None:
             sb.slots.remove_all()
-        name = container_name(self.cluster, sandbox)
+        name = self._name(sandbox)
         with contextlib.suppress(docker.errors.NotFound):
             container = await asyncio.to_thread(self.client.containers.get, name)
-            await asyncio.to_thread(container.remove, force=True, v=True)  # v: its tmpfs volumes too
+            if self._own(container):
+                await asyncio.to_thread(container.remove, force=True, v=True)  # v: its tmpfs volumes too
 
     async def list_sandboxes(self) -> list[str]:
-        flt = {"label": [f"{LABEL_CLUSTER}={self.cluster}"]}
+        flt = own_filter(self.cluster, self.cluster_id)
         found = await asyncio.to_thread(self.client.containers.list, all=True, filters=flt)
-        return sorted(c.labels.get(LABEL_SANDBOX, "") for c in found)
+        return sorted(c.labels.get(LABEL_SANDBOX, "") for c in found if self._own(c))
+
+    def _name(self, sandbox: str) -> str:
+        return container_name(self.cluster, sandbox, self.cluster_id)
+
+    def _own(self, container: Any) -> bool:
+        return is_own(container.labels, self.cluster, self.cluster_id)
 
     async def recover(self) -> leftovers.Leftovers:
         """Before the agent says Hello: kill the actions an earlier agent of this node left running in its
@@ -296,9 +333,9 @@ class DockerExecutor:
         return found
 
     def _recover(self) -> leftovers.Leftovers:
-        flt = {"label": [f"{LABEL_CLUSTER}={self.cluster}"], "status": "running"}
+        flt = {**own_filter(self.cluster, self.cluster_id), "status": "running"}
         mine = [c for c in self.client.containers.list(filters=flt)  # no node label: made before labels
-                if c.labels.get(LABEL_NODE) in (None, self.node)]
+                if self._own(c) and c.labels.get(LABEL_NODE) in (None, self.node)]
 
         def one(c: Any) -> leftovers.Leftovers:
             try:

@@ -12,9 +12,13 @@
 Rules:
 
 1. Every method takes `timeout=` (seconds); None means the client's `default_timeout`, and
-   if that is None too, the controller's maximum. The timeout is sent as a budget; the
-   controller kills the action when it runs out (`ActionTimeout`). The client waits a few
-   seconds longer than the budget for the controller's answer before giving up on its own.
+   if that is None too, the controller's maximum. For `exec` and `call` it bounds the run once
+   the action has started, not the wait in the queue: the node kills the command at `timeout`
+   (`ActionTimeout`, with the output so far). `total_timeout=` (optional) bounds the whole
+   request, queueing included; without it an action waits in the queue as long as the
+   controller allows (`max_timeout_s`). For `api` and a `sandbox(reserve=k)` open, `timeout`
+   is the wait for the grant. The client waits a few seconds longer than the whole request's
+   budget for the controller's answer before giving up on its own.
 2. Cancelling the task that awaits a request sends `Cancel`; the action is killed or dropped
    from the queue on the controller.
 3. Errors are `tangram.errors` classes mapped from wire codes, each with `.retryable`.
@@ -34,14 +38,15 @@ import dataclasses
 import os
 import random
 import re
+import shlex
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgpack  # type: ignore[import-untyped]
 
-from tangram import protocol
+from tangram import protocol, units
 from tangram.certs import CurveKeys, client_keys
 from tangram.client.transport import Pending, Transport
 from tangram.errors import (
@@ -59,7 +64,15 @@ from tangram.errors import (
 )
 from tangram.outcomes import CallOutcome, ExecOutcome
 
-__all__ = ["ApiLease", "AsyncClient", "AsyncSandbox", "CallResult", "ExecResult", "parse_mem"]
+__all__ = [
+    "ApiLease",
+    "AsyncClient",
+    "AsyncSandbox",
+    "CallResult",
+    "ExecResult",
+    "parse_mem",
+    "shell_command",
+]
 
 T = TypeVar("T")
 OutcomeT = TypeVar("OutcomeT", ExecOutcome, CallOutcome)
@@ -74,38 +87,28 @@ _NEW_WORK = (protocol.Exec, protocol.Call, protocol.Lease, protocol.SandboxOpen)
 # Requests the controller counts against its per-client cap (gateway `_CAPPED`).
 _CAPPED = (*_NEW_WORK, protocol.Put, protocol.Get)
 
-_UNITS = {
-    "": 1 << 20,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 1000,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mb": 10**6,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gb": 10**9,
-    "gib": 1 << 30,
-    "t": 1 << 40,
-    "tb": 10**12,
-    "tib": 1 << 40,
-}
+MAX_MEM_MIB = 1 << 26  # 64 TiB: more than any one machine has; larger is a unit mistake (bytes as MiB?)
 
 
 def parse_mem(mem: int | str | None) -> int:
-    """MiB from an int (MiB) or a size string such as "4GiB", "512MiB", "2g"."""
+    """MiB of a sandbox's `mem`: None (the agent's default) -> 0, an int (MiB), or a size such as
+    "4GiB" or "2GB" (`tangram.units` rules, at most 64 TiB). Raises `UnitError` (a BadRequest)."""
     if mem is None:
         return 0
-    if isinstance(mem, bool):
-        raise BadRequest(f"mem must be MiB or a size such as '4GiB', got {mem!r}")
-    if isinstance(mem, int):
-        if mem < 0:
-            raise BadRequest("mem must be >= 0")
-        return mem
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(mem))
-    if m is None or m.group(2).lower() not in _UNITS:
-        raise BadRequest(f"mem must be MiB or a size such as '4GiB', got {mem!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()]) >> 20
+    return units.parse_size_mib(mem, "mem", max_mib=MAX_MEM_MIB)
+
+
+def shell_command(cmd: str | Sequence[str]) -> str:
+    """`exec`'s command: a string runs as it is (through `sh -c`); a list of arguments is quoted
+    with `shlex.join`, so each one reaches the program unchanged."""
+    if isinstance(cmd, str):
+        return cmd
+    if isinstance(cmd, (bytes, bytearray)) or not isinstance(cmd, Sequence):
+        raise BadRequest(f"cmd must be a string or a list of strings, got {type(cmd).__name__}")
+    args = list(cmd)
+    if not args or not all(isinstance(a, str) for a in args):
+        raise BadRequest(f"cmd as a list must hold at least one string and only strings, got {args!r}")
+    return shlex.join(args)
 
 
 @dataclass(frozen=True)
@@ -147,12 +150,47 @@ def _outcome(kind: type[OutcomeT], env: protocol.Envelope) -> OutcomeT:
         raise InternalError(f"the controller's result does not parse: {exc}") from None
 
 
-def _budget_ms(timeout: float | None) -> int:
+def _budget_ms(timeout: float | None, what: str = "timeout") -> int:
     if timeout is None:
         return 0
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-        raise BadRequest(f"timeout must be a positive number of seconds, got {timeout!r}")
+        raise BadRequest(f"{what} must be a positive number of seconds, got {timeout!r}")
     return max(1, int(timeout * 1000))
+
+
+def _cpu_range(cpus: int | tuple[int, int]) -> tuple[int, int]:
+    """`exec`'s `cpus`: an int or a (min, max) pair -> (min, max)."""
+    if isinstance(cpus, (tuple, list)):
+        if len(cpus) != 2:
+            raise BadRequest("cpus must be an int or a (min, max) pair")
+        lo, hi = int(cpus[0]), int(cpus[1])
+    elif isinstance(cpus, int) and not isinstance(cpus, bool):
+        lo = hi = cpus
+    else:
+        raise BadRequest(f"cpus must be an int or a (min, max) pair, got {cpus!r}")
+    if lo < 1 or hi < lo:
+        raise BadRequest(f"cpus must satisfy 1 <= min <= max, got ({lo}, {hi})")
+    return lo, hi
+
+
+def _exec_result(envl: protocol.Envelope) -> ExecResult:
+    res = _outcome(ExecOutcome, envl)
+    out = envl.blobs[0] if len(envl.blobs) > 0 else b""
+    err = envl.blobs[1] if len(envl.blobs) > 1 else b""
+    return ExecResult(
+        exit_code=res.exit_code,
+        stdout=out.decode("utf-8", "replace"),
+        stderr=err.decode("utf-8", "replace"),
+        truncated=res.truncated,
+        queued_s=res.queued_s,
+        run_s=res.run_s,
+        overhead_s=res.overhead_s,
+        node=res.node,
+        cores=res.cores,
+        dop=res.dop,
+        stdout_bytes=out,
+        stderr_bytes=err,
+    )
 
 
 class AsyncClient:
@@ -272,10 +310,13 @@ class AsyncClient:
                     raise
             self.retried_later += 1
             await asyncio.sleep(delay)
-            budget = getattr(msg, "budget_ms", 0)
-            if timeout is not None and budget:  # the budget shrinks by the time spent refused
+            # the whole request's budget shrinks by the time spent refused (an exec's or call's run
+            # budget does not: it starts when the action does)
+            name = "total_budget_ms" if isinstance(msg, (protocol.Exec, protocol.Call)) else "budget_ms"
+            budget = getattr(msg, name, 0)
+            if timeout is not None and budget:
                 left_ms = max(1, int((timeout - (time.monotonic() - start)) * 1000))
-                msg = dataclasses.replace(msg, budget_ms=min(budget, left_ms))  # type: ignore[type-var]
+                msg = dataclasses.replace(msg, **{name: min(budget, left_ms)})  # type: ignore[type-var]
 
     async def _once(
         self,
@@ -299,7 +340,9 @@ class AsyncClient:
                 async with _timeout(wait):
                     return await asyncio.shield(pending.final)
             return await asyncio.wait_for(asyncio.shield(pending.final), wait)
-        except TimeoutError:
+        except ActionTimeout:  # the controller's answer (a TimeoutError too): keep its message and output
+            raise
+        except (TimeoutError, asyncio.TimeoutError):  # noqa: UP041 - distinct classes on 3.10
             self._cancel(pending)
             raise ActionTimeout(f"no answer within {timeout:g}s (+{GRACE_S:g}s grace)") from None
         except asyncio.CancelledError:
@@ -345,10 +388,12 @@ class AsyncClient:
         timeout: float | None = None,
         idempotent: bool = True,
         elastic: str | None = None,
+        total_timeout: float | None = None,
     ) -> CallResult:
         """Call GPU service `service` with a msgpack-able payload. ``gpus`` is a chunk size or a
         list of sizes the scheduler may choose from (each size is its own service instance);
-        ``elastic`` names the controller profile that says how the call scales with GPUs."""
+        ``elastic`` names the controller profile that says how the call scales with GPUs.
+        ``timeout`` bounds the call once it runs, ``total_timeout`` the whole request (rule 1)."""
         options: list[int] = []
         if isinstance(gpus, (list, tuple)):
             if not gpus:
@@ -356,16 +401,14 @@ class AsyncClient:
             options = sorted({int(g) for g in gpus})
             gpus = options[0]
         timeout = self._timeout(timeout)
+        total = _budget_ms(total_timeout, "total_timeout")
         try:
             blob = msgpack.packb(payload, use_bin_type=True)
         except (TypeError, ValueError) as exc:
             raise BadRequest(f"payload is not msgpack-serialisable: {exc}") from None
-        env = await self._roundtrip(
-            protocol.Call(service, int(gpus), _budget_ms(timeout), options if len(options) > 1 else [], elastic),
-            [blob],
-            timeout=timeout,
-            idempotent=idempotent,
-        )
+        sizes = options if len(options) > 1 else []
+        msg = protocol.Call(service, int(gpus), _budget_ms(timeout), sizes, elastic, total)
+        env = await self._roundtrip(msg, [blob], timeout=total_timeout, idempotent=idempotent)
         res = _outcome(CallOutcome, env)
         value = msgpack.unpackb(env.blobs[0], raw=False) if env.blobs else None
         return CallResult(value, res.queued_s, res.run_s, res.overhead_s, res.node, res.gpus, res.loaded)
@@ -417,7 +460,7 @@ class AsyncSandbox:
 
     async def exec(
         self,
-        cmd: str,
+        cmd: str | Sequence[str],
         cpus: int | tuple[int, int] = 1,
         elastic: str | Mapping[int, float] | None = None,
         duration_hint: float | None = None,
@@ -426,61 +469,33 @@ class AsyncSandbox:
         check: bool = False,
         stdin: bytes | None = None,
         idempotent: bool = False,
+        total_timeout: float | None = None,
     ) -> ExecResult:
-        """Run `cmd` (through `sh -c`) on `cpus` cores; `{dop}` becomes the granted core count."""
-        if isinstance(cpus, (tuple, list)):
-            if len(cpus) != 2:
-                raise BadRequest("cpus must be an int or a (min, max) pair")
-            lo, hi = int(cpus[0]), int(cpus[1])
-        elif isinstance(cpus, int) and not isinstance(cpus, bool):
-            lo = hi = cpus
-        else:
-            raise BadRequest(f"cpus must be an int or a (min, max) pair, got {cpus!r}")
-        if lo < 1 or hi < lo:
-            raise BadRequest(f"cpus must satisfy 1 <= min <= max, got ({lo}, {hi})")
+        """Run `cmd` (a string through `sh -c`, or a list of arguments, quoted with `shlex.join`)
+        on `cpus` cores; `{dop}` becomes the granted core count. `timeout` bounds the run once it
+        has started, `total_timeout` the whole request, queueing included (module rule 1)."""
+        command = shell_command(cmd)
+        lo, hi = _cpu_range(cpus)
         profile, table = None, None
         if isinstance(elastic, str):
             profile = elastic
         elif elastic is not None:
             table = {str(int(k)): float(v) for k, v in dict(elastic).items()}
-        timeout = self.client._timeout(timeout)
+        run_ms = _budget_ms(self.client._timeout(timeout))
+        total_ms = _budget_ms(total_timeout, "total_timeout")
+        hint = float(duration_hint or 0.0)
         msg = protocol.Exec(
-            self.id,
-            cmd,
-            lo,
-            hi,
-            profile,
-            table,
-            float(duration_hint or 0.0),
-            dict(env or {}),
-            _budget_ms(timeout),
-            idempotent,
+            self.id, command, lo, hi, profile, table, hint, dict(env or {}), run_ms, idempotent, total_ms
         )
         envl = await self.client._roundtrip(
-            msg, [stdin] if stdin is not None else [], timeout=timeout, idempotent=idempotent
+            msg, [stdin] if stdin is not None else [], timeout=total_timeout, idempotent=idempotent
         )
-        res = _outcome(ExecOutcome, envl)
-        out = envl.blobs[0] if len(envl.blobs) > 0 else b""
-        err = envl.blobs[1] if len(envl.blobs) > 1 else b""
-        result = ExecResult(
-            exit_code=res.exit_code,
-            stdout=out.decode("utf-8", "replace"),
-            stderr=err.decode("utf-8", "replace"),
-            truncated=res.truncated,
-            queued_s=res.queued_s,
-            run_s=res.run_s,
-            overhead_s=res.overhead_s,
-            node=res.node,
-            cores=res.cores,
-            dop=res.dop,
-            stdout_bytes=out,
-            stderr_bytes=err,
-        )
+        result = _exec_result(envl)
         if check and result.exit_code != 0:
-            raise NonZeroExit(f"command exited {result.exit_code}: {cmd[:80]}", result=result)
+            raise NonZeroExit(f"command exited {result.exit_code}: {command[:80]}", result=result)
         return result
 
-    def submit(self, cmd: str, **kwargs: Any) -> asyncio.Task[ExecResult]:
+    def submit(self, cmd: str | Sequence[str], **kwargs: Any) -> asyncio.Task[ExecResult]:
         """`exec` as a task, for fan-out."""
         return asyncio.ensure_future(self.exec(cmd, **kwargs))
 

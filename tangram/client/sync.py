@@ -18,7 +18,7 @@ import concurrent.futures
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from tangram.client.aio import ApiLease, AsyncClient, AsyncSandbox, CallResult, ExecResult, parse_mem
@@ -156,9 +156,10 @@ class Client:
 
     def call(
         self, service: str, payload: Any, gpus: int | list[int] = 1, timeout: float | None = None,
-        elastic: str | None = None,
+        elastic: str | None = None, total_timeout: float | None = None,
     ) -> CallResult:
-        return self._run(lambda c: c.call(service, payload, gpus=gpus, timeout=timeout, elastic=elastic))
+        return self._run(lambda c: c.call(service, payload, gpus=gpus, timeout=timeout, elastic=elastic,
+                                          total_timeout=total_timeout))
 
     def api(self, name: str, timeout: float | None = None, units: int = 1) -> Lease:
         return Lease(self, name, timeout, units)
@@ -186,7 +187,7 @@ class Sandbox:
 
     def exec(
         self,
-        cmd: str,
+        cmd: str | Sequence[str],
         cpus: int | tuple[int, int] = 1,
         elastic: str | Mapping[int, float] | None = None,
         duration_hint: float | None = None,
@@ -194,7 +195,10 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         check: bool = False,
         stdin: bytes | None = None,
+        idempotent: bool = False,
+        total_timeout: float | None = None,
     ) -> ExecResult:
+        """`AsyncSandbox.exec`, blocking: `timeout` bounds the run, `total_timeout` the whole request."""
         return self._owner._run(
             lambda c: self._sb.exec(
                 cmd,
@@ -205,6 +209,8 @@ class Sandbox:
                 env=env,
                 check=check,
                 stdin=stdin,
+                idempotent=idempotent,
+                total_timeout=total_timeout,
             )
         )
 
@@ -218,7 +224,7 @@ class Sandbox:
         if not self._sb.closed:
             self._owner._run(lambda c: self._sb.close())
 
-    def submit(self, cmd: str, **kwargs: Any) -> concurrent.futures.Future[ExecResult]:
+    def submit(self, cmd: str | Sequence[str], **kwargs: Any) -> concurrent.futures.Future[ExecResult]:
         loop, _ = self._owner._ensure()
         return loop.submit(self._sb.exec(cmd, **kwargs))
 

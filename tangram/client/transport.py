@@ -41,8 +41,8 @@ import zmq.asyncio
 
 from tangram import protocol
 from tangram.certs import CurveKeys, HandshakeWatch, KeyRefused, handshake_events
-from tangram.errors import ControllerUnreachable, NodeLost, ProtocolError, TangramError
-from tangram.sockio import SocketReader, shadow
+from tangram.errors import ActionTimeout, ControllerUnreachable, NodeLost, ProtocolError, TangramError
+from tangram.sockio import SocketReader, send_frames, shadow
 
 log = logging.getLogger("tangram.client")
 
@@ -232,7 +232,7 @@ class Transport:
             self._out.append(frames)
         else:
             try:
-                self._sync.send_multipart(frames, zmq.NOBLOCK)
+                send_frames(self._sync, frames)
             except zmq.Again:
                 self._out.append(frames)
         self._last_sent = time.monotonic()
@@ -248,7 +248,7 @@ class Transport:
         """Hand libzmq what it could not take before (run at the start of every drain)."""
         while self._out and self._sync is not None:
             try:
-                self._sync.send_multipart(self._out[0], zmq.NOBLOCK)
+                send_frames(self._sync, self._out[0])
             except zmq.ZMQError:
                 return
             self._out.popleft()
@@ -312,6 +312,8 @@ class Transport:
         now = time.monotonic()
         if now - self._last_sent >= self.heartbeat_s and self.epoch is not None:  # after a Welcome
             self._send(protocol.encode(protocol.Heartbeat(), 0, token=self.token))
+        if not self._down and now - self._last_recv > 3 * self.heartbeat_s and self._reader is not None:
+            self._reader.drain()  # what arrived while this process waited for a core counts
         if not self._down and now - self._last_recv > 3 * self.heartbeat_s:
             self._down = True
             log.warning("controller %s silent for %.1fs", self.addr, now - self._last_recv)
@@ -369,7 +371,10 @@ class Transport:
         if pending.final.done():
             return
         if isinstance(msg, protocol.Error):
-            pending.final.set_exception(msg.to_exception())
+            exc = msg.to_exception()
+            if isinstance(exc, ActionTimeout) and env.blobs:  # what a timed-out exec wrote (1.4)
+                exc.with_output(env.blobs)
+            pending.final.set_exception(exc)
         else:
             pending.final.set_result(env)
 

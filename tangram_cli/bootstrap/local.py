@@ -127,9 +127,11 @@ def agent_config(
     idle_cpus: Iterable[int] | None = None,
     allow_remote: bool = False,
     curve: Mapping[str, str] | None = None,
+    cluster_id: str = "",
 ) -> dict[str, Any]:
     """The agent's ``--config agent.json`` (keys of agent.config.AgentConfig); ``curve`` holds the
-    paths of the agent's secret certificate and the controller's public key."""
+    paths of the agent's secret certificate and the controller's public key; ``cluster_id`` is the
+    cluster's unique id ("": a legacy cluster without one)."""
     cfg: dict[str, Any] = {
         "controller": controller,
         "name": node.name,
@@ -137,6 +139,8 @@ def agent_config(
         "executor": executor,
         "workdir": workdir,
     }
+    if cluster_id:
+        cfg["cluster_id"] = cluster_id
     cpus = list(cpus) if cpus is not None else (list(node.cpus) if node.cpus else None)
     idle = list(idle_cpus) if idle_cpus is not None else (list(node.idle_cpus) if node.idle_cpus else None)
     if cpus:
@@ -388,6 +392,8 @@ def _existing(old: st.ClusterState, timeout_s: float, say: Callable[[str], None]
     say(f"{why}; cannot restart it in place ({missing}): starting a fresh cluster")
     for h in old.hosts:
         procs.terminate(procs.local_agent_pid(h), timeout_s=5, words=("agent",))
+    if removed := remove_cluster_containers(old.name, old.cluster_id):
+        say(f"removed {removed} sandbox container(s) left by the previous cluster (id {old.cluster_id})")
     st.remove(old.name)
     return None
 
@@ -442,11 +448,12 @@ def _start_fresh_controller(
     else:
         say("no keys (--insecure): plain TCP on 127.0.0.1")
     restart.forget_controller_state(cluster)
+    cluster_id = st.new_cluster_id()
     proc, _argv, ports = procs.start_controller(
         cluster,
         bind="127.0.0.1",
         ports={"agents": 0, "submit": 0, "status": 0},
-        config=setup.config,
+        config={**setup.config, "cluster_id": cluster_id},
         certs=certs or None,
     )
     assert proc is not None
@@ -461,6 +468,7 @@ def _start_fresh_controller(
         executor=setup.executor,
         gpus=setup.gpu_text,
         certs=certs,
+        cluster_id=cluster_id,
     )
     st.write(state)
     say(f"controller pid {proc.pid} on {state.address}")
@@ -484,6 +492,7 @@ def _start_first_agent(
         cpus=cpus,
         idle_cpus=cpus[:1],
         curve=_local_curve(state.certs, node.name) if state.certs else None,
+        cluster_id=state.cluster_id,
     )
     if setup.executor == "process":
         _contain_or_trust(acfg, say)
@@ -520,15 +529,21 @@ def _local_curve(certs: str, node: str) -> dict[str, str]:
     }
 
 
-def remove_labelled_containers(cluster: str) -> int:
-    """Safety net for `down`: remove containers labelled ``tangram.cluster=<cluster>``. Returns how many."""
-    if not docker_answers(2.0):
+def remove_cluster_containers(cluster: str, cluster_id: str) -> int:
+    """Safety net for `down`: remove the containers of cluster ``cluster`` whose id is ``cluster_id``
+    (labels ``tangram.cluster`` and ``tangram.cluster-id`` both match). Returns how many. Without an id
+    (a legacy state) nothing is removed: containers labelled only by name may belong to another
+    cluster of that name (another user, or another TANGRAM_HOME, on this Docker daemon)."""
+    if not cluster_id or not docker_answers(2.0):
         return 0
     import docker
 
+    from agent.executors.docker import LABEL_CLUSTER, LABEL_CLUSTER_ID
+
     client = docker.from_env()
     try:
-        found = client.containers.list(all=True, filters={"label": [f"tangram.cluster={cluster}"]})
+        wanted = [f"{LABEL_CLUSTER}={cluster}", f"{LABEL_CLUSTER_ID}={cluster_id}"]
+        found = client.containers.list(all=True, filters={"label": wanted})
         for c in found:
             with contextlib.suppress(Exception):
                 c.remove(force=True, v=True)

@@ -201,6 +201,19 @@ def stop_command(run_dir: str, *, signal: str = "TERM") -> str:
     )
 
 
+def remove_containers_command(cluster_id: str) -> str:
+    """Remove the node's containers of the cluster with id ``cluster_id`` (label ``tangram.cluster-id``);
+    never by the cluster's name alone, which another cluster on the same Docker daemon may share."""
+    if not cluster_id:
+        raise ValueError("a cluster id is needed: containers are never removed by name alone")
+    label = shlex.quote(f"label=tangram.cluster-id={cluster_id}")
+    return (
+        "command -v docker >/dev/null 2>&1 && "
+        f"ids=$(docker ps -aq --filter {label}) && "
+        '[ -n "$ids" ] && docker rm -f $ids >/dev/null'
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Plans
 

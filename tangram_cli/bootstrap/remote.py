@@ -136,7 +136,7 @@ async def _bootstrap_host(
     allow_remote: bool,
     force: bool,
     rep: Reporter,
-    certs: str = "",
+    state: st.ClusterState,
 ) -> str:
     from tangram_cli.bootstrap import ssh
 
@@ -177,35 +177,7 @@ async def _bootstrap_host(
                     f"node python lacks {', '.join(missing)} and pip could not install them", host=node.name
                 )
         rep.update(node.name, "start")
-        emulated = 0
-        if node.emulated_gpus or isinstance(node.gpus, int):
-            emulated = node.gpu_count or 0
-        home = (facts.get("disk") or {}).get("path") or "~"
-        abs_run = run_dir.replace("~", home, 1) if run_dir.startswith("~") else run_dir
-        files: dict[str, bytes] = {}
-        curve = None
-        if certs:  # CURVE: this node's own keypair and the controller's public key, mode 0600
-            from pathlib import Path
-
-            from tangram_cli import keys
-
-            files = keys.agent_files(Path(certs), node.name)
-            curve = {
-                "controller_public": f"{abs_run}/controller.key",
-                "secret": f"{abs_run}/agent.key_secret",
-            }
-        cfg = local.agent_config(
-            node,
-            cluster=cluster,
-            controller=controller_url,
-            workdir=abs_run,
-            executor=node.executor if node.executor in ("auto", "docker", "process") else "auto",
-            emulated_gpus=emulated,
-            gpu_mem_mib=node.gpu_mem_mib,
-            allow_remote=allow_remote,
-            curve=curve,
-        )
-        files["agent.json"] = (json.dumps(cfg, indent=2) + "\n").encode()
+        files = _agent_files(node, facts, run_dir, controller_url, allow_remote, state)
         await ssh.run(conn, plan.mkdir_command(run_dir), check=True)
         await ssh.upload(conn, files, run_dir)
         running = await _agent_running(conn, run_dir)
@@ -226,6 +198,46 @@ async def _bootstrap_host(
                 host=node.name,
             )
         return how
+
+
+def _agent_files(
+    node: Any,
+    facts: dict[str, Any],
+    run_dir: str,
+    controller_url: str,
+    allow_remote: bool,
+    state: st.ClusterState,
+) -> dict[str, bytes]:
+    """What goes into the node's run directory: ``agent.json`` and, with CURVE, the node's own keypair
+    and the controller's public key (mode 0600)."""
+    emulated = 0
+    if node.emulated_gpus or isinstance(node.gpus, int):
+        emulated = node.gpu_count or 0
+    home = (facts.get("disk") or {}).get("path") or "~"
+    abs_run = run_dir.replace("~", home, 1) if run_dir.startswith("~") else run_dir
+    files: dict[str, bytes] = {}
+    curve = None
+    if state.certs:
+        from pathlib import Path
+
+        from tangram_cli import keys
+
+        files = keys.agent_files(Path(state.certs), node.name)
+        curve = {"controller_public": f"{abs_run}/controller.key", "secret": f"{abs_run}/agent.key_secret"}
+    cfg = local.agent_config(
+        node,
+        cluster=state.name,
+        controller=controller_url,
+        workdir=abs_run,
+        executor=node.executor if node.executor in ("auto", "docker", "process") else "auto",
+        emulated_gpus=emulated,
+        gpu_mem_mib=node.gpu_mem_mib,
+        allow_remote=allow_remote,
+        curve=curve,
+        cluster_id=state.cluster_id,
+    )
+    files["agent.json"] = (json.dumps(cfg, indent=2) + "\n").encode()
+    return files
 
 
 def _check_facts(node: Any, facts: dict[str, Any]) -> None:
@@ -384,7 +396,7 @@ def up_command(
         with Reporter(results, quiet=quiet) as rep:
             outcome = asyncio.run(
                 _bootstrap_all(
-                    nodes, inv, bundle, state.agents_address, allow_remote, force, parallel, rep, state.certs
+                    nodes, inv, bundle, state.agents_address, allow_remote, force, parallel, rep, state
                 )
             )
             pending = []
@@ -491,12 +503,12 @@ async def _bootstrap_all(
     force: bool,
     parallel: int,
     rep: Reporter,
-    certs: str = "",
+    state: st.ClusterState,
 ) -> dict[str, Any]:
     from tangram_cli.bootstrap import ssh
 
     async def one(node: Any) -> str:
-        return await _bootstrap_host(node, inv, bundle, url, allow_remote, force, rep, certs)
+        return await _bootstrap_host(node, inv, bundle, url, allow_remote, force, rep, state)
 
     return await ssh.run_on_hosts(nodes, one, parallel=parallel)
 
@@ -507,7 +519,7 @@ async def _bootstrap_all(
 def stop_agents(state: st.ClusterState, *, purge: bool, echo: Callable[[str], None]) -> dict[str, str]:
     """Stop every SSH agent of ``state`` still running (by pidfile); returns {host: reason} failures."""
     hosts = [h for h in state.hosts if h.connection == "ssh"]
-    return asyncio.run(_stop_all(hosts, state.name, purge, echo))
+    return asyncio.run(_stop_all(hosts, state.cluster_id, purge, echo))
 
 
 @dataclass(frozen=True)
@@ -522,8 +534,10 @@ class _NodeView:
 
 
 async def _stop_all(
-    hosts: list[st.HostState], cluster: str, purge: bool, echo: Callable[[str], None]
+    hosts: list[st.HostState], cluster_id: str, purge: bool, echo: Callable[[str], None]
 ) -> dict[str, str]:
+    """Stop each host's agent, then remove the containers of this cluster id (none without an id: a
+    legacy state's containers carry only the cluster's name, which another cluster may share)."""
     from tangram_cli.bootstrap import ssh
 
     async def one(h: st.HostState) -> str:
@@ -542,14 +556,9 @@ async def _stop_all(
             if await _agent_running(conn, h.workdir):
                 await ssh.run(conn, plan.stop_command(h.workdir))
                 did = "stopped by pidfile" if await _wait_stopped(conn, h.workdir) else "could not stop"
-            with contextlib.suppress(TangramError):
-                await ssh.run(
-                    conn,
-                    "command -v docker >/dev/null 2>&1 && "
-                    f"ids=$(docker ps -aq --filter label=tangram.cluster={shlex.quote(cluster)}) && "
-                    '[ -n "$ids" ] && docker rm -f $ids >/dev/null',
-                    timeout=60,
-                )
+            if cluster_id:
+                with contextlib.suppress(TangramError):
+                    await ssh.run(conn, plan.remove_containers_command(cluster_id), timeout=60)
             if purge:
                 await ssh.run(conn, f"rm -rf -- {plan.sh_path(h.workdir)}", timeout=60)
             return did

@@ -200,6 +200,14 @@ def restart_controller(
     return proc
 
 
+def with_cluster_id(config: Mapping[str, Any], cluster_id: str) -> dict[str, Any]:
+    """``config`` carrying ``cluster_id`` (none for a legacy cluster without one)."""
+    out = {k: v for k, v in config.items() if k != "cluster_id"}
+    if cluster_id:
+        out["cluster_id"] = cluster_id
+    return out
+
+
 def forget_controller_state(name: str) -> None:
     """A fresh start (no controller to restart in place): the previous controller's durable state
     describes sandboxes and actions that are gone, so it is moved aside (``state.jsonl.old``)
@@ -324,7 +332,8 @@ def inventory_controller(
 ) -> tuple[st.ClusterState, Restarted | None]:
     """The controller of an inventory cluster, on this machine: kept when it runs, restarted in
     place when it died (agents are then settled by the bootstrap: running ones are kept), else
-    started afresh on the inventory's ports. Returns (state, what was restarted or None)."""
+    started afresh on the inventory's ports, with a new cluster id (a restarted one keeps its own, as its
+    agents and containers carry it). Returns (state, what was restarted or None)."""
     if state is not None and state.controller_is_ours():
         say(f"cluster {inv.cluster}: controller already running (pid {state.controller_pid})")
         return state, None
@@ -339,7 +348,7 @@ def inventory_controller(
             )
         pid = state.controller_pid
         why = f"controller pid {pid} " + ("now runs another program" if st.pid_alive(pid) else "is gone")
-        proc = restart_controller(state, config)
+        proc = restart_controller(state, with_cluster_id(config, state.cluster_id))
         st.write(state)
         r = Restarted(proc.pid, dict(state.ports), why)
         say(f"{why}: {r.summary()}: agents {state.agents_address}, clients {state.address}")
@@ -349,8 +358,9 @@ def inventory_controller(
     forget_controller_state(inv.cluster)
     ctl = inv.controller
     ports = {"agents": ctl.ports.agents, "submit": ctl.ports.submit, "status": ctl.ports.status}
+    cluster_id = st.new_cluster_id()
     proc, _argv, got = procs.start_controller(
-        inv.cluster, bind=ctl.bind, ports=ports, config=config, certs=certs
+        inv.cluster, bind=ctl.bind, ports=ports, config=with_cluster_id(config, cluster_id), certs=certs
     )
     assert proc is not None
     state = st.ClusterState(
@@ -363,6 +373,7 @@ def inventory_controller(
         inventory=inventory,
         bundle=bundle,
         certs=certs,
+        cluster_id=cluster_id,
     )
     say(f"controller pid {proc.pid}: agents {state.agents_address}, clients {state.address}")
     return state, None

@@ -99,7 +99,7 @@ class GpuCommands:
             self.post(ev.ActionFinished(c.action_id, ok=False, reason="load failed"))
             return
         agent = self.agents.get(c.node)
-        timeout_s = max(0.001, rec.deadline - self.clock.now())
+        timeout_s = rec.run_budget(self.clock.now())
         msg = protocol.Invoke(
             c.action_id,
             c.service,

@@ -437,6 +437,7 @@ class AgentLink(GpuCommands):
 
     async def _create(self, c: cmd.CreateSandbox, rec: Any) -> None:
         labels = {"tangram.cluster": self.config.cluster[:256], "tangram.sandbox": c.sandbox}
+        labels.update({"tangram.cluster-id": self.config.cluster_id} if self.config.cluster_id else {})
         try:
             env = await self.request(
                 c.node, protocol.CreateSandbox(c.sandbox, c.image or rec.image, c.mem_mib, labels)
@@ -501,7 +502,7 @@ class AgentLink(GpuCommands):
             list(c.cores),
             c.dop,
             rec.env,
-            max(0.001, rec.deadline - self.clock.now()),
+            rec.run_budget(self.clock.now()),
             1,
             self.epoch,
             agent.agent_epoch if agent else 0,

@@ -114,7 +114,9 @@ class Answers:
                 if code == "TIMEOUT"
                 else f"cancelled ({rec.kill_reason})"
             )
-            self.final(rec.ident, rec.request_id, protocol.Error(code, msg, code == "TIMEOUT"))
+            timed_out_exec = code == "TIMEOUT" and rec.kind == "exec" and out is not None
+            partial = list(out.blobs[:2]) if timed_out_exec else []  # type: ignore[union-attr]  # output so far
+            self.final(rec.ident, rec.request_id, protocol.Error(code, msg, code == "TIMEOUT"), partial)
             return
         if out is not None and out.error is not None:
             self.final(rec.ident, rec.request_id, out.error)
@@ -127,7 +129,9 @@ class Answers:
             )
             return
         if isinstance(res, ExecOutcome) and res.timed_out:
-            self.final(rec.ident, rec.request_id, protocol.Error("TIMEOUT", "timed out on the node", True))
+            why = f"timed out: killed on the node after {res.run_s:.3g} s of running (its timeout)"
+            partial = list(out.blobs[:2])  # type: ignore[union-attr]  # the output so far
+            self.final(rec.ident, rec.request_id, protocol.Error("TIMEOUT", why, True), partial)
             return
         self._send_outcome(rec, res, out.blobs)  # type: ignore[union-attr]
 

@@ -2,7 +2,7 @@
 
 The file is what `tangram up` writes after resolving an inventory; every key is optional:
 
-    {"cluster": "local",
+    {"cluster": "local", "cluster_id": "3f9c0e1a2b4d",
      "scheduler": {"depth": 2, "client_grace_s": 60, "max_timeout_s": 3600,
                    "max_outstanding_per_client": 4096, "max_queued": 100000, "max_outbox": 1024,
                    "max_client_bytes": 268435456, "max_held_bytes": 2147483648},
@@ -13,6 +13,7 @@ The file is what `tangram up` writes after resolving an inventory; every key is 
      "profiles": {"pytest": {"efficiency": {"1": 1.0, "2": 0.97}}, "synthetic": {"serial_fraction": 0.05}},
      "certs": "~/.tangram/clusters/local/certs"}
 
+`cluster_id` (made by `tangram up`, see tangram_cli/state.py) labels the cluster's sandbox containers.
 `certs` (or `--certs`) turns CURVE on: see tangram_cli/controller/curve.py.
 
 Services become `ServiceDefined` events and `Prepare` messages to GPU agents (the Prepare
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +65,7 @@ class ApiConf:
 @dataclass(frozen=True)
 class ControllerConfig:
     cluster: str = "local"
+    cluster_id: str = ""  # unique per cluster (`tangram up`); labels its sandboxes; "" = none
     depth: int = 2
     client_grace_s: float = 60.0
     max_timeout_s: float = 3600.0
@@ -120,6 +123,26 @@ def _profile(name: str, raw: object) -> Elasticity:
     return el
 
 
+def _apis(raw: Any) -> list[ApiConf]:
+    apis = []
+    for i, a in enumerate(raw):
+        where = f"apis[{i}]"
+        if not isinstance(a, dict) or not isinstance(a.get("name"), str):
+            raise ConfigError(f"{where}: expected a mapping with a `name`")
+        mode = a.get("mode", "concurrency")
+        if mode not in ("concurrency", "quota"):
+            raise ConfigError(f"{where}.mode: expected concurrency or quota, got {mode!r}")
+        apis.append(
+            ApiConf(
+                a["name"],
+                mode,
+                _int(a.get("limit", 1), f"{where}.limit", 1),
+                _num(a.get("period_s", 60.0), f"{where}.period_s"),
+            )
+        )
+    return apis
+
+
 def parse_config(raw: dict[str, Any]) -> ControllerConfig:
     if not isinstance(raw, dict):
         raise ConfigError("controller config: expected a JSON object")
@@ -143,27 +166,13 @@ def parse_config(raw: dict[str, Any]) -> ControllerConfig:
                 spec={k: v for k, v in json.loads(json.dumps(s)).items() if k in PREPARE_KEYS},
             )
         )
-    apis = []
-    for i, a in enumerate(raw.get("apis") or ()):
-        where = f"apis[{i}]"
-        if not isinstance(a, dict) or not isinstance(a.get("name"), str):
-            raise ConfigError(f"{where}: expected a mapping with a `name`")
-        mode = a.get("mode", "concurrency")
-        if mode not in ("concurrency", "quota"):
-            raise ConfigError(f"{where}.mode: expected concurrency or quota, got {mode!r}")
-        apis.append(
-            ApiConf(
-                a["name"],
-                mode,
-                _int(a.get("limit", 1), f"{where}.limit", 1),
-                _num(a.get("period_s", 60.0), f"{where}.period_s"),
-            )
-        )
+    apis = _apis(raw.get("apis") or ())
     profiles = dict(BUILTIN_PROFILES)
     for name, prof in (raw.get("profiles") or {}).items():
         profiles[name] = _profile(name, prof)
     return ControllerConfig(
         cluster=str(raw.get("cluster", "local")),
+        cluster_id=_cluster_id(raw.get("cluster_id")),
         depth=_int(sched.get("depth", 2), "scheduler.depth", 1),
         client_grace_s=_num(sched.get("client_grace_s", 60.0), "scheduler.client_grace_s"),
         max_timeout_s=_num(sched.get("max_timeout_s", 3600.0), "scheduler.max_timeout_s", 1.0),
@@ -180,6 +189,14 @@ def parse_config(raw: dict[str, Any]) -> ControllerConfig:
         profiles=profiles,
         certs=_certs(raw.get("certs")),
     )
+
+
+def _cluster_id(value: object) -> str:
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or not re.fullmatch(r"[a-z0-9]{1,32}", value):
+        raise ConfigError(f"cluster_id: expected 1-32 of a-z 0-9, got {value!r}")
+    return value
 
 
 def _certs(value: object) -> str | None:

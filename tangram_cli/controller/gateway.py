@@ -2,12 +2,11 @@
 
 Rules (docs/protocol.md, "Controller behaviour"):
 
-1. Every request gets exactly one final reply (`Result` or `Error`) with its request id;
-   `Exec` and `Call` that the core admits but cannot start at once first get `Accepted` (one
-   that starts in the same decision, or that the core rejects at once, e.g. NO_CAPACITY, gets
-   only its final reply).
+1. Every request gets exactly one final reply (`Result` or `Error`) with its request id, and
+   (since protocol 1.4) nothing before it: a queued `Exec` or `Call` no longer gets `Accepted`
+   (one message less per queued action under a burst; no client waited for it).
 2. Replies are cached per (client identity, request id): a resent request joins its pending
-   action (`Accepted` again) or gets the cached final reply; nothing runs twice. The cache is
+   action (`Accepted`, saying it is known) or gets the cached final reply; nothing runs twice. The cache is
    bounded (LRU) and entries expire 5 minutes after their final reply.
 3. Bytes that do not decode get `Error(BAD_REQUEST)` (or `VERSION`); the gateway keeps
    serving. Asks the core can never satisfy get `NO_CAPACITY` from the core's `Reject`.
@@ -60,6 +59,7 @@ from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, Elasticity, Kind
 from tangram.core.resources import CPU, GPU, Demand, api_resource
 from tangram.errors import BadRequest, InternalError, NodeLost, ProtocolError, SandboxLost, TangramError
+from tangram_cli.controller.admission import open_refusal
 from tangram_cli.controller.agents import AgentLink
 from tangram_cli.controller.answers import KILL_CODES, Answers
 from tangram_cli.controller.config import ControllerConfig
@@ -82,6 +82,7 @@ from tangram_cli.controller.wire import serve, shadow
 log = logging.getLogger("tangram.controller.gateway")
 
 MAX_PENDING_PUT_BYTES = 64 << 20
+BEAT_S = 1.0  # at most this long between heartbeats to a client whose requests are being read
 
 
 class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
@@ -110,6 +111,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
         self.hold: Callable[[tuple[bytes, int, Any, tuple[bytes, ...]]], bool] | None = None
         self._init_replies()
         self._seq = 0
+        self._id_tag = secrets.token_hex(3)  # this process's ids differ from a restarted one's
         self._tasks: set[asyncio.Task[Any]] = set()
         self.counters: dict[str, int] = {
             "bad_requests": 0,
@@ -129,7 +131,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
     # ------------------------------------------------------------ helpers
     def _new_id(self, prefix: str) -> str:
         self._seq += 1
-        return f"{prefix}{self._seq}-{secrets.token_hex(3)}"
+        return f"{prefix}{self._seq}-{self._id_tag}"
 
     def _spawn_task(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -205,7 +207,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
             fd = 0
         if fd != client.route:  # its own frame over another connection: replies go there now
             self._attach(client, fd)
-        client.last_seen = self.clock.now()
+        client.last_seen = now = self.clock.now()
         if ident in self.outbox:  # any message, heartbeats included, retries what waits for it
             self._flush(ident)
         if not client.welcomed and not isinstance(msg, protocol.Hello):
@@ -213,9 +215,13 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
             # session token) from its first contact, heartbeat or request, and resends what it waits for
             client.welcomed = True
             self._send(ident, self._welcome(client), 0)
-        if isinstance(msg, protocol.Heartbeat):
+        if isinstance(msg, protocol.Heartbeat) or now - client.beat_sent >= BEAT_S:
+            # each heartbeat is answered; and while a burst of its requests is read (its own
+            # heartbeat waits behind them) the client hears one a second: it judges us by that
+            client.beat_sent = now
             self._send(ident, protocol.Heartbeat(), 0)
-            return
+            if isinstance(msg, protocol.Heartbeat):
+                return
         if isinstance(msg, protocol.Hello):
             client.name, client.welcomed = msg.name, True
             client.owner = self._owner(client.user, msg.name)
@@ -293,6 +299,8 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
     def _on_open(
         self, client: ClientState, rid: int, msg: protocol.SandboxOpen, blobs: tuple[bytes, ...]
     ) -> None:
+        if (refusal := open_refusal(msg.mem_mib, self.agents.agents.values())) is not None:
+            raise refusal  # larger than any node: NO_CAPACITY now, not at the first exec
         sandbox = self._new_id("sb-")
         rec = SandboxRecord(
             sandbox, client.ident, client.key, msg.image, msg.mem_mib, msg.reserve, opened=self.clock.now()
@@ -420,16 +428,14 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
                 self._release_action(aid)
                 return
             if not rec.final_sent and kind in ("exec", "call"):
-                rec.granted = True
-                if rec.started is None:  # queued: say so; one that started already just answers
-                    self._send_accepted(ident, rid)
+                rec.granted = True  # admitted: a resent copy is joined (`Accepted`), never run again
 
         self.post(ev.ActionSubmitted(spec), after)
 
     def _on_exec(self, client: ClientState, rid: int, msg: protocol.Exec, blobs: tuple[bytes, ...]) -> None:
         sb = self._own_sandbox(client, msg.sandbox)
         el = self._elasticity(msg)
-        timeout = self._budget(msg.budget_ms)
+        timeout = self._budget(msg.total_budget_ms)  # the whole request; budget_ms bounds the run alone
         aid = self._new_id("x")
         argv0 = msg.cmd.strip().split(" ", 1)[0][:64] if msg.cmd.strip() else "sh"
         spec = ActionSpec(
@@ -458,6 +464,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
             cmd=msg.cmd,
             env=dict(msg.env),
             stdin=blobs[0] if blobs else None,
+            run_limit_s=self._budget(msg.budget_ms),
         )
         self._submit(client, rid, "exec", spec, rec)
 
@@ -466,7 +473,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
         if svc is None:
             known = ", ".join(s.name for s in self.config.services) or "none"
             raise BadRequest(f"unknown service {msg.service!r} (known: {known})")
-        timeout = self._budget(msg.budget_ms)
+        timeout = self._budget(msg.total_budget_ms)  # as in _on_exec
         aid = self._new_id("c")
         spec = ActionSpec(
             action_id=aid,
@@ -490,6 +497,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
             now + timeout,
             service=msg.service,
             payload=blobs[0],
+            run_limit_s=self._budget(msg.budget_ms),
         )
         self._submit(client, rid, "call", spec, rec)
 

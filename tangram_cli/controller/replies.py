@@ -58,6 +58,7 @@ class ClientState:
     route: int = -1  # the connection its own frames come over (SRCFD); -1: none now, send nothing
     blocked: bool = False  # a frame of another connection came over this identity since its last own one
     refused: int = 0  # frames refused on this identity (wrong token or key)
+    beat_sent: float = 0.0  # when it was last sent a `Heartbeat` (controller clock)
 
 
 @dataclass(slots=True)

@@ -53,7 +53,7 @@ class ActionRecord:
     request_id: int
     client: str  # the core's client key (identity hex)
     submitted: float  # controller clock (Registry.clock)
-    deadline: float  # controller clock
+    deadline: float  # controller clock: the whole request, queueing included
     sandbox: str = ""
     cmd: str = ""
     env: dict[str, str] = field(default_factory=dict)
@@ -72,6 +72,12 @@ class ActionRecord:
     final_sent: bool = False
     granted: bool = False
     release: tuple[bytes, int] | None = None  # (ident, request id) of a Release waiting for Done
+    run_limit_s: float = 0.0  # exec/call: the longest run once started (the client's timeout); 0: none
+
+    def run_budget(self, now: float) -> float:
+        """Seconds an exec or call dispatched now may run: its run limit, within its deadline."""
+        left = self.deadline - now
+        return max(0.001, min(left, self.run_limit_s) if self.run_limit_s > 0 else left)
 
 
 @dataclass

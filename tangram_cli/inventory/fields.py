@@ -21,85 +21,37 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator
 
+from tangram import units
+
 # --------------------------------------------------------------------------------------------
 # Units
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
-_SIZE_UNITS_KIB = {"KiB": 1, "MiB": 1024, "GiB": 1024**2, "TiB": 1024**3}
-_DUR_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+# One parser per unit for the whole project: tangram.units (rules in docs/cli.md, "Units"). The
+# inventory's keys (`mem`, `connect_timeout`...) name no unit, so here the unit is required: a bare
+# `mem: 64` is refused rather than read as MiB. UnitError is a ValueError, as pydantic needs.
+MAX_CPU_ID = units.MAX_CPU
 
 
 def parse_size_mib(value: Any) -> int:
-    """``"4GiB"`` -> 4096. Binary units only; the result must be a whole number of MiB."""
-    if isinstance(value, bool) or not isinstance(value, str):
-        raise ValueError(f"expected a size with a unit such as '4GiB' or '512MiB', got {value!r}")
-    m = _SIZE.match(value)
-    if not m:
-        raise ValueError(f"cannot read size {value!r} (expected a number and a unit, e.g. '4GiB')")
-    number, unit = m.groups()
-    if unit not in _SIZE_UNITS_KIB:
-        units = ", ".join(_SIZE_UNITS_KIB)
-        why = "missing unit" if not unit else f"unknown unit {unit!r}"
-        raise ValueError(f"{why} in size {value!r} (use one of {units})")
-    kib = float(number) * _SIZE_UNITS_KIB[unit]
-    if kib % 1024:
-        raise ValueError(f"size {value!r} is not a whole number of MiB")
-    return int(kib // 1024)
+    """``"4GiB"`` -> 4096, ``"2GB"`` -> 1907 (`tangram.units`, unit required)."""
+    return units.parse_size_mib(value, "", unit_required=True)
 
 
 def parse_duration_ms(value: Any) -> int:
-    """``"10s"`` -> 10000, ``"500ms"`` -> 500. Units: ms, s, m, h."""
-    if isinstance(value, bool) or not isinstance(value, str):
-        raise ValueError(f"expected a duration with a unit such as '10s' or '500ms', got {value!r}")
-    m = _SIZE.match(value)
-    if not m:
-        raise ValueError(f"cannot read duration {value!r} (expected a number and a unit, e.g. '10s')")
-    number, unit = m.groups()
-    if unit not in _DUR_UNITS_MS:
-        why = "missing unit" if not unit else f"unknown unit {unit!r}"
-        raise ValueError(f"{why} in duration {value!r} (use ms, s, m or h)")
-    ms = float(number) * _DUR_UNITS_MS[unit]
-    if ms != int(ms):
-        raise ValueError(f"duration {value!r} is not a whole number of milliseconds")
-    return int(ms)
-
-
-MAX_CPU_ID = 4095
+    """``"10s"`` -> 10000, ``"500ms"`` -> 500 (`tangram.units`, unit required)."""
+    return units.parse_duration_ms(value, "", unit_required=True)
 
 
 def parse_cpuset(value: Any) -> tuple[int, ...]:
-    """``"0-3,8"`` -> (0, 1, 2, 3, 8). Rejects empty items, reversed ranges, repeats, negatives."""
-    if isinstance(value, bool) or not isinstance(value, str):
-        raise ValueError(f'expected a quoted cpu list such as "2-127", got {value!r}')
-    cpus: list[int] = []
-    for item in value.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", item)
-        if not m:
-            raise ValueError(f"bad cpu list {value!r}: item {item!r} is not N or N-M")
-        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        if hi < lo:
-            raise ValueError(f"bad cpu list {value!r}: reversed range {item.strip()!r}")
-        if hi > MAX_CPU_ID:
-            raise ValueError(f"bad cpu list {value!r}: cpu {hi} is above {MAX_CPU_ID}")
-        cpus.extend(range(lo, hi + 1))
-    if len(set(cpus)) != len(cpus):
-        raise ValueError(f"bad cpu list {value!r}: a cpu is listed twice")
-    return tuple(sorted(cpus))
+    """``"0-3,8"`` -> (0, 1, 2, 3, 8) (`tangram.units` cpulist)."""
+    return units.parse_cpulist(value, "")
 
 
 def format_cpuset(cpus: tuple[int, ...] | None) -> str | None:
-    """(0, 1, 2, 5) -> ``"0-2,5"``."""
+    """(0, 1, 2, 5) -> ``"0-2,5"``; None stays None, no cores is ``""``."""
     if cpus is None:
         return None
-    runs: list[str] = []
-    for c in sorted(cpus):
-        if runs and "-" in runs[-1] and int(runs[-1].split("-")[1]) == c - 1:
-            runs[-1] = f"{runs[-1].split('-')[0]}-{c}"
-        elif runs and "-" not in runs[-1] and int(runs[-1]) == c - 1:
-            runs[-1] = f"{runs[-1]}-{c}"
-        else:
-            runs.append(str(c))
-    return ",".join(runs)
+    return units.format_cpulist(cpus) if cpus else ""
 
 
 def parse_gpus(value: Any) -> str | int | tuple[str, ...]:

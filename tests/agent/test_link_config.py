@@ -47,7 +47,7 @@ def test_file_and_flag_precedence(tmp_path):
     ({"controller": ADDR, "bogus": 1, "other": 2}, r"unknown keys \['bogus', 'other'\]"),
     ({"controller": ADDR, "executor": "podman"}, "executor"),
     ({"controller": ADDR, "cpus": "3-1"}, "cpus"),
-    ({"controller": ADDR, "cpus": [1, 1]}, "repeats"),
+    ({"controller": ADDR, "cpus": [1, 1]}, "listed twice"),
     ({"controller": ADDR, "idle_cpus": []}, "idle_cpus"),
     ({"controller": ADDR, "name": "bad name"}, "name"),
     ({"controller": ADDR, "cluster": "Upper"}, "cluster"),
@@ -77,13 +77,25 @@ def test_bad_json_file(tmp_path):
         AgentConfig.load(str(tmp_path / "missing.json"))
 
 
-def test_units():
+def test_units():  # tangram.units rules (tests/test_units.py has the table)
     assert parse_mib("16GiB") == 16384 and parse_mib("512MiB") == 512 and parse_mib(2048) == 2048
-    assert parse_mib("1.5G") == 1536 and parse_mib("1T") == 1 << 20
-    for bad in ("x", "-1", "1KiB", True):
+    assert parse_mib("1.5GiB") == 1536 and parse_mib("1TiB") == 1 << 20 and parse_mib("2GB") == 1907
+    for bad in ("x", "-1", "1KiB", True, "1.5G", "1T"):
         with pytest.raises(ConfigError):
             parse_mib(bad)
     assert parse_cpulist("0-2,5") == [0, 1, 2, 5] and parse_cpulist([3, 1]) == [1, 3]
+
+
+def test_units_agree_with_the_client_and_the_inventory():
+    """An agent reads "2GB" and "0-3, 8" as `sandbox(mem=...)` and an inventory do (tangram.units)."""
+    from tangram.client.aio import parse_mem
+    from tangram_cli.inventory import parse_cpuset, parse_size_mib
+
+    cfg = AgentConfig.from_dict({"controller": ADDR, "mem_mib": "2GB", "sandbox_mem_mib": "1.5GiB",
+                                 "cpus": "0-3, 8", "idle_cpus": [9]})
+    assert cfg.mem_mib == parse_mem("2GB") == parse_size_mib("2GB") == 1907 and cfg.sandbox_mem_mib == 1536
+    assert tuple(cfg.cpus) == parse_cpuset("0-3, 8") == (0, 1, 2, 3, 8) and cfg.idle_cpus == [9]
+    assert module_main(["--controller", ADDR, "--mem", "2G"]) == 2  # ambiguous: refused like everywhere
 
 
 def test_module_entry_bad_config_exits_2(capsys):

@@ -13,7 +13,7 @@ import pytest
 
 import tangram
 from tangram.client.aio import AsyncSandbox, parse_mem
-from tangram.errors import BadRequest, ControllerUnreachable
+from tangram.errors import BadRequest, ControllerUnreachable, UnitError
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.daemon import Controller, Options
 
@@ -36,20 +36,22 @@ def test_public_names() -> None:
 
     assert tangram.AsyncClient is AsyncClient and tangram.Client is Client
     assert tangram.ActionTimeout.retryable and not tangram.NoCapacity.retryable
+    assert issubclass(tangram.ActionTimeout, TimeoutError)  # `except TimeoutError` catches it too
 
 
 @pytest.mark.parametrize(
     ("text", "mib"),
-    [(None, 0), (512, 512), ("4GiB", 4096), ("512MiB", 512), ("2g", 2048), ("1.5GiB", 1536), ("1000MB", 953)],
+    [(None, 0), (512, 512), ("4GiB", 4096), ("512MiB", 512), ("2GB", 1907), ("1.5GiB", 1536)],
 )
-def test_parse_mem(text, mib) -> None:
+def test_parse_mem(text, mib) -> None:  # tangram.units rules (tests/test_units.py has the table)
     assert parse_mem(text) == mib
 
 
-@pytest.mark.parametrize("bad", ["lots", "-1GiB", "4XB", True, -5])
+@pytest.mark.parametrize("bad", ["lots", "-1GiB", "4XB", True, -5, "2g", 1.5, 10**8, "65TiB"])
 def test_parse_mem_rejects(bad) -> None:
-    with pytest.raises(BadRequest):
+    with pytest.raises(UnitError) as info:  # a BadRequest
         parse_mem(bad)
+    assert isinstance(info.value, BadRequest) and repr(bad) in str(info.value)
 
 
 async def test_argument_checks_happen_before_sending() -> None:
@@ -62,9 +64,15 @@ async def test_argument_checks_happen_before_sending() -> None:
         {"cpus": "2"},
         {"timeout": -1},
         {"timeout": 0},
+        {"total_timeout": 0},
     ):
         with pytest.raises(BadRequest):
             await sb.exec("true", **kwargs)
+    for cmd in ([], ["ls", 1], b"ls", 42):
+        with pytest.raises(BadRequest, match="cmd"):
+            await sb.exec(cmd)
+    with pytest.raises(UnitError):
+        client.sandbox(mem="2 gigs")  # refused before anything is sent
     with pytest.raises(BadRequest):
         await client.call("svc", {"x": object()})
     with pytest.raises(BadRequest):

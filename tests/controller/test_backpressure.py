@@ -114,8 +114,8 @@ async def test_client_library_retries_retry_later_with_backoff(
     await raw.send(p.Exec(sb, "sleep 0.5", 1, 1), 2)
     await wait_for(lambda: len(c.registry.actions) == 1)
     async with tangram.AsyncClient(c.submit_addr) as tg, tg.sandbox() as env:
-        with pytest.raises(RetryLater) as info:  # the timeout runs out while refused
-            await env.exec("echo late", timeout=0.2)
+        with pytest.raises(RetryLater) as info:  # the total timeout runs out while refused (the run
+            await env.exec("echo late", timeout=10, total_timeout=0.2)  # timeout does not count refusals)
         assert info.value.retryable
         t0 = time.monotonic()
         r = await env.exec("echo retried", timeout=10)  # retried until the blocker finished

@@ -78,6 +78,14 @@ async def exec_then_down(
     return [{**o, "containers": running} for o in out], left, done
 
 
+def check_agent_configs(nodes: Path, cluster: str, image: str, cluster_id: str) -> None:
+    """Each node's agent.json: the docker executor, the image, and the cluster's unique id."""
+    assert len(cluster_id) == 12
+    for node in ("node-a", "node-b"):
+        cfg = json.loads((nodes / node / cluster / "agent.json").read_text())
+        assert (cfg["executor"], cfg["image"], cfg["cluster_id"]) == ("docker", image, cluster_id)
+
+
 def test_up_docker_two_nodes_down_leaves_no_container(
     sshd_factory, ssh_key, tmp_path: Path, docker_client, hostroot_image
 ) -> None:
@@ -99,10 +107,7 @@ def test_up_docker_two_nodes_down_leaves_no_container(
         assert up.returncode == 0, up.stdout + up.stderr
         assert "2/2 agents registered" in up.stdout
         state = json.loads((home / "clusters" / cluster / "state.json").read_text())
-        for node in ("node-a", "node-b"):
-            cfg = json.loads((tmp_path / "nodes" / node / cluster / "agent.json").read_text())
-            assert cfg["executor"] == "docker"
-            assert cfg["image"] == hostroot_image
+        check_agent_configs(tmp_path / "nodes", cluster, hostroot_image, state["cluster_id"])
         st = tangram("status", "-c", cluster, "-o", "json", home=home)
         assert st.returncode == 0, st.stderr
         nodes = {r["node"]: r for r in json.loads(st.stdout)["records"]["nodes"]}
@@ -126,7 +131,8 @@ def test_up_docker_two_nodes_down_leaves_no_container(
         assert u["host"] in containers  # it ran inside one of the cluster's containers
         c = containers[u["host"]]
         assert c.status == "running"
-        assert c.labels["tangram.cluster"] == cluster
+        assert (c.labels["tangram.cluster"], c.labels["tangram.cluster-id"]) == (cluster, state["cluster_id"])
+        assert c.name.startswith(f"tangram-{cluster}-{state['cluster_id']}-")  # unique on the daemon
         assert c.attrs["Config"]["Image"] == hostroot_image
     assert len({u["host"] for u in used}) == 2  # one container per sandbox
     assert len(left) == 1, list(left)  # closing a sandbox removed its container; the other stays
@@ -134,7 +140,7 @@ def test_up_docker_two_nodes_down_leaves_no_container(
     assert done.returncode == 0, done.stdout + done.stderr
     # The nodes removed it (agent Shutdown("down"), else down's `docker rm` over SSH), not the
     # operator-side sweep that only works here because the "nodes" share this machine's dockerd.
-    assert "container(s) labelled" not in done.stdout, done.stdout
+    assert "container(s) of cluster" not in done.stdout, done.stdout
     for node in ("node-a", "node-b"):
         log = (tmp_path / "nodes" / node / cluster / "agent.log").read_text(errors="replace")
         assert "sandboxes destroyed" in log, log[-2000:]

@@ -19,7 +19,7 @@ groups:
   g:
     role: cpu
     hosts: ["ok-[1-2]", "bad;host"]
-    vars: {image: no, mem: 4GB}
+    vars: {image: no, mem: 4G}
 """
 
 
@@ -57,7 +57,7 @@ def test_validate_lists_every_error_without_traceback(tmp_path):
         "controller.bind: bind '0.0.0.0' listens on every interface",
         "groups.g.hosts[1]: host name 'bad;host' contains ';'",
         "groups.g.vars.image: expected a string, got the boolean false",
-        "groups.g.vars.mem: unknown unit 'GB'",
+        "groups.g.vars.mem: ambiguous unit 'G' in size (write GiB or GB)",
     ):
         assert line in out, out
     assert "To fix: " in out

@@ -122,18 +122,20 @@ def test_base_resolves():
         ("user: ubuntu", "user: yes", "defaults.ssh.user", "quote it"),
         ("user: ops", "user: on", "groups.sandbox-cpu.hosts[1].ssh.user", "quote it"),
         # units
-        ("mem: 64GiB", "mem: 64GB", "groups.sandbox-cpu.vars.mem", "unknown unit 'GB'"),
+        ("mem: 64GiB", "mem: 64G", "groups.sandbox-cpu.vars.mem", "ambiguous unit 'G'"),
+        ("mem: 64GiB", "mem: 64XB", "groups.sandbox-cpu.vars.mem", "unknown unit 'XB'"),
         ("mem: 64GiB", "mem: 64", "groups.sandbox-cpu.vars.mem", "unit"),
         ("client_grace: 60s", "client_grace: 60 parsecs", "scheduler.client_grace", "duration"),
         ("connect_timeout: 10s", "connect_timeout: 10", "defaults.ssh.connect_timeout", "duration"),
         # cores and cpusets
-        ('cpus: "2-15"', "cpus: -1", "groups.sandbox-cpu.vars.cpus", "cpu list"),
-        ('cpus: "2-15"', "cpus: 0", "groups.sandbox-cpu.vars.cpus", "cpu list"),
-        ('cpus: "2-15"', "cpus: 1.5", "groups.sandbox-cpu.vars.cpus", "cpu list"),
+        ('cpus: "2-15"', "cpus: -1", "groups.sandbox-cpu.vars.cpus", "cpulist"),
+        ('cpus: "2-15"', "cpus: 0", "groups.sandbox-cpu.vars.cpus", "cpulist"),
+        ('cpus: "2-15"', "cpus: 1.5", "groups.sandbox-cpu.vars.cpus", "cpulist"),
         ('cpus: "2-15"', 'cpus: "15-2"', "groups.sandbox-cpu.vars.cpus", "reversed"),
         ('cpus: "2-15"', 'cpus: "1,1"', "groups.sandbox-cpu.vars.cpus", "twice"),
         ('cpus: "2-15"', 'cpus: "0-"', "groups.sandbox-cpu.vars.cpus", "not N or N-M"),
-        ('cpus: "2-15"', 'cpus: ""', "groups.sandbox-cpu.vars.cpus", "not N or N-M"),
+        ('cpus: "2-15"', 'cpus: "007"', "groups.sandbox-cpu.vars.cpus", "no leading zeros"),
+        ('cpus: "2-15"', 'cpus: ""', "groups.sandbox-cpu.vars.cpus", "empty cpulist"),
         (
             'cpus: "2-15"',
             'cpus: "0-15"',
@@ -235,7 +237,7 @@ def test_all_errors_at_once():
     text = (
         BASE.replace("port: 22,", "prot: 22,")
         .replace("bind: 10.0.0.10", "bind: 0.0.0.0")
-        .replace("mem: 64GiB", "mem: 64GB")
+        .replace("mem: 64GiB", "mem: 64G")
         .replace("gpus: all", "gpus: 3")
         .replace("limit: 64,", "limt: 64,")
     )
@@ -341,13 +343,26 @@ def test_bad_overrides_are_reported_as_flags():
     assert any(p.startswith("flags.vars.executr") and "did you mean 'executor'" in p for p in found)
 
 
+def test_units_agree_with_the_client_and_the_agent():
+    """The same strings mean the same in an inventory as in `sandbox(mem=...)` and an agent's config."""
+    from agent.config import AgentConfig
+    from tangram.client.aio import parse_mem
+
+    inv = load_inventory(edit('cpus: "2-15", idle_cpus: "0-1", mem: 64GiB', 'cpus: "2-9, 12", mem: 2GB'))
+    node = inv.node("cpu-01.internal")
+    agent = AgentConfig.from_dict({"controller": "tcp://127.0.0.1:7700", "cpus": "2-9, 12", "mem_mib": "2GB"})
+    assert node.mem_mib == agent.mem_mib == parse_mem("2GB") == 1907
+    assert node.cpus == tuple(agent.cpus) == (2, 3, 4, 5, 6, 7, 8, 9, 12)
+
+
 def test_units():
     assert (
         parse_size_mib("4GiB") == 4096 and parse_size_mib("1.5GiB") == 1536 and parse_size_mib("2048KiB") == 2
     )
     assert parse_duration_ms("10s") == 10_000 and parse_duration_ms("500ms") == 500
     assert parse_duration_ms("1.5m") == 90_000 and parse_duration_ms("2h") == 7_200_000
-    for bad in ("4GB", "4", "4 gib", "-1GiB", True, 4, "1KiB"):
+    assert parse_size_mib("4GB") == 3814 and parse_size_mib("4 gib") == 4096  # one rule: tangram.units
+    for bad in ("4G", "4", "-1GiB", True, 4, "1KiB"):  # the inventory requires a unit
         with pytest.raises(ValueError):
             parse_size_mib(bad)
     for bad in ("10", "10sec", "0.1ms", False, 10):

@@ -1,0 +1,35 @@
+"""Checks the gateway makes before it admits a request, for asks the core would only refuse later.
+
+A sandbox opened with more memory than any node offers used to succeed and fail at its first exec
+(`NO_CAPACITY` from the core's `never_fits`). `open_refusal` refuses it at open instead, with the
+same rule the core uses: a node counts when it hands out cores, and its memory is what its agent
+said it offers (`facts.mem_mib`, the core's `mem_total`). While no such node has joined (a
+cluster still starting) nothing is refused here: the first exec decides, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from tangram.errors import NoCapacity
+from tangram.units import format_size_mib
+
+
+def open_refusal(mem_mib: int, agents: Iterable[Any]) -> NoCapacity | None:
+    """`NoCapacity` when a sandbox of `mem_mib` fits no live CPU node; None when it fits one, when
+    it asks for the agent's default (0), or when no CPU node is known yet."""
+    if mem_mib <= 0:
+        return None
+    offers = [
+        a.facts.get("mem_mib")
+        for a in agents
+        if a.live and a.facts.get("cpus") and isinstance(a.facts.get("mem_mib"), int)
+    ]
+    if not offers or mem_mib <= max(offers):
+        return None
+    return NoCapacity(
+        f"sandbox mem {format_size_mib(mem_mib)} is more than any node offers "
+        f"(the largest offers {format_size_mib(max(offers))})",
+        hint="ask for less memory (sandbox(mem=...)), or add a node with more (see `tangram status`)",
+    )
