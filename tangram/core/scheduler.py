@@ -111,24 +111,18 @@ class Scheduler:
     # -- public contract -----------------------------------------------------------------
     def handle(self, event: ev.Event, now: float, decide: bool = True) -> list[cmd.Command]:
         """Apply ``event`` at time ``now`` and return the commands to carry out, in order.
-
-        ``decide=False`` applies the event only (its own commands: a rejection, a `Done`, a
-        sandbox's creation) and leaves the scheduling passes for a later call: a driver that
-        holds several events of one instant hands all but the last with ``decide=False``, so
-        the passes run once per batch and see the batch whole (``docs/scheduler.md``, "Batches")."""
+        ``decide=False``: apply it only and leave the passes to a later call, so a batch of
+        events is decided once, whole (``docs/scheduler.md``, "Batches")."""
         self.now = max(self.now, now)
         out: list[cmd.Command] = []
         handler = _HANDLERS.get(type(event))
         if handler is None:
             raise TypeError(f"not an event: {event!r}")
         handler(self, event, out)
-        if decide:
-            self._expire(out)
-            self._schedule(out)
-        return out
+        return out + self.decide(now) if decide else out
 
     def decide(self, now: float) -> list[cmd.Command]:
-        """Run what ``handle(..., decide=False)`` left: expiries and the passes, at ``now``."""
+        """What ``handle(..., decide=False)`` left: expiries and the passes, at ``now``."""
         self.now = max(self.now, now)
         out: list[cmd.Command] = []
         self._expire(out)

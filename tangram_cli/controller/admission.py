@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tangram.errors import NoCapacity
+from tangram import protocol
+from tangram.core.actions import Elasticity
+from tangram.errors import BadRequest, NoCapacity
 from tangram.units import format_size_mib
 
 
@@ -33,3 +35,27 @@ def open_refusal(mem_mib: int, agents: Iterable[Any]) -> NoCapacity | None:
         f"(the largest offers {format_size_mib(max(offers))})",
         hint="ask for less memory (sandbox(mem=...)), or add a node with more (see `tangram status`)",
     )
+
+
+def elasticity_of(msg: protocol.Exec, profiles: dict[str, Elasticity]) -> Elasticity | None:
+    """The exec's elasticity: its own efficiency table, else its named profile, else None."""
+    if msg.efficiency:
+        try:
+            el = Elasticity.of_table({int(k): float(v) for k, v in msg.efficiency.items()})
+        except ValueError as exc:
+            raise BadRequest(f"efficiency: {exc}") from None
+        if (problem := el.problem()) is not None:
+            raise BadRequest(f"efficiency: {problem}")
+        return el
+    if msg.elastic:
+        return profile_named(msg.elastic, profiles)
+    return None
+
+
+def profile_named(name: str, profiles: dict[str, Elasticity]) -> Elasticity:
+    """A profile from the controller's config; `BadRequest` naming the known ones otherwise."""
+    el = profiles.get(name)
+    if el is None:
+        known = ", ".join(sorted(profiles)) or "none"
+        raise BadRequest(f"unknown elasticity profile {name!r} (known: {known})")
+    return el

@@ -56,10 +56,10 @@ import zmq.asyncio
 from tangram import protocol
 from tangram.core import commands as cmd
 from tangram.core import events as ev
-from tangram.core.actions import ActionSpec, Elasticity, Kind
+from tangram.core.actions import ActionSpec, Kind
 from tangram.core.resources import CPU, GPU, Demand, api_resource
 from tangram.errors import BadRequest, InternalError, NodeLost, ProtocolError, SandboxLost, TangramError
-from tangram_cli.controller.admission import open_refusal
+from tangram_cli.controller.admission import elasticity_of, open_refusal, profile_named
 from tangram_cli.controller.agents import AgentLink
 from tangram_cli.controller.answers import KILL_CODES, Answers
 from tangram_cli.controller.config import ControllerConfig
@@ -207,30 +207,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
             fd = 0
         if fd != client.route:  # its own frame over another connection: replies go there now
             self._attach(client, fd)
-        client.last_seen = now = self.clock.now()
-        if ident in self.outbox:  # any message, heartbeats included, retries what waits for it
-            self._flush(ident)
-        if not client.welcomed and not isinstance(msg, protocol.Hello):
-            # a client of a previous controller (a restart): it learns the new epoch (and its
-            # session token) from its first contact, heartbeat or request, and resends what it waits for
-            client.welcomed = True
-            self._send(ident, self._welcome(client), 0)
-        if isinstance(msg, protocol.Heartbeat) or now - client.beat_sent >= BEAT_S:
-            # each heartbeat is answered; and while a burst of its requests is read (its own
-            # heartbeat waits behind them) the client hears one a second: it judges us by that
-            client.beat_sent = now
-            self._send(ident, protocol.Heartbeat(), 0)
-            if isinstance(msg, protocol.Heartbeat):
-                return
-        if isinstance(msg, protocol.Hello):
-            client.name, client.welcomed = msg.name, True
-            client.owner = self._owner(client.user, msg.name)
-            self._send(ident, self._welcome(client), rid)
-            return
-        if isinstance(msg, protocol.Bye):
-            self._client_gone(client, "said bye")
-            return
-        if isinstance(msg, (protocol.Ack, protocol.Accepted, protocol.Result, protocol.Error)):
+        if self._session_traffic(client, msg, rid):
             return
         if self._replay(ident, rid):  # a resent request: answered again, never run twice
             return
@@ -243,6 +220,34 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
             self._charge(ident, _size(env.blobs))  # held until handle_held
             return  # after a restart: until the nodes it knew are back (Recovery.hold)
         self._handle(client, rid, msg, env.blobs)
+
+    def _session_traffic(self, client: ClientState, msg: protocol.Message, rid: int) -> bool:
+        """What every frame of a session does, and the messages that are not requests (True:
+        nothing more to do with this one)."""
+        ident = client.ident
+        client.last_seen = now = self.clock.now()
+        if ident in self.outbox:  # any message, heartbeats included, retries what waits for it
+            self._flush(ident)
+        if not client.welcomed and not isinstance(msg, protocol.Hello):
+            # a client of a previous controller (a restart): it learns the new epoch (and its
+            # session token) from its first contact, heartbeat or request, and resends what it waits for
+            client.welcomed = True
+            self._send(ident, self._welcome(client), 0)
+        beat = isinstance(msg, protocol.Heartbeat)
+        if beat or now - client.beat_sent >= BEAT_S:
+            # each heartbeat is answered; and while a burst of its requests is read (its own
+            # heartbeat waits behind them) the client hears one a second: it judges us by that
+            client.beat_sent = now
+            self._send(ident, protocol.Heartbeat(), 0)
+        if isinstance(msg, protocol.Hello):
+            client.name, client.welcomed = msg.name, True
+            client.owner = self._owner(client.user, msg.name)
+            self._send(ident, self._welcome(client), rid)
+            return True
+        if isinstance(msg, protocol.Bye):
+            self._client_gone(client, "said bye")
+            return True
+        return beat or isinstance(msg, (protocol.Ack, protocol.Accepted, protocol.Result, protocol.Error))
 
     @staticmethod
     def _hello_problem(msg: protocol.Hello) -> str | None:
@@ -394,26 +399,6 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
             assert isinstance(env.msg, protocol.Result)
             self.final(ident, rid, protocol.Result(dict(env.msg.body)), list(env.blobs[:1]))
 
-    def _elasticity(self, msg: protocol.Exec) -> Elasticity | None:
-        if msg.efficiency:
-            try:
-                el = Elasticity.of_table({int(k): float(v) for k, v in msg.efficiency.items()})
-            except ValueError as exc:
-                raise BadRequest(f"efficiency: {exc}") from None
-            if (problem := el.problem()) is not None:
-                raise BadRequest(f"efficiency: {problem}")
-            return el
-        if msg.elastic:
-            return self._profile(msg.elastic)
-        return None
-
-    def _profile(self, name: str) -> Elasticity:
-        el = self.config.profiles.get(name)
-        if el is None:
-            known = ", ".join(sorted(self.config.profiles)) or "none"
-            raise BadRequest(f"unknown elasticity profile {name!r} (known: {known})")
-        return el
-
     def _submit(self, client: ClientState, rid: int, kind: str, spec: ActionSpec, rec: ActionRecord) -> None:
         self.registry.actions[spec.action_id] = rec
         self._register(client, rid, kind, spec.action_id)
@@ -434,7 +419,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
 
     def _on_exec(self, client: ClientState, rid: int, msg: protocol.Exec, blobs: tuple[bytes, ...]) -> None:
         sb = self._own_sandbox(client, msg.sandbox)
-        el = self._elasticity(msg)
+        el = elasticity_of(msg, self.config.profiles)
         timeout = self._budget(msg.total_budget_ms)  # the whole request; budget_ms bounds the run alone
         aid = self._new_id("x")
         argv0 = msg.cmd.strip().split(" ", 1)[0][:64] if msg.cmd.strip() else "sh"
@@ -484,7 +469,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
             client=client.key,
             service=msg.service,
             timeout_s=timeout,
-            elasticity=self._profile(msg.elastic) if msg.elastic else None,
+            elasticity=profile_named(msg.elastic, self.config.profiles) if msg.elastic else None,
         )
         now = self.clock.now()
         rec = ActionRecord(
