@@ -49,7 +49,7 @@ async def test_total_timeout_bounds_the_queue_and_the_run(cluster) -> None:
         t0 = time.monotonic()
         with pytest.raises(ActionTimeout, match="queued") as info:
             await env.exec("touch ran", cpus=CORES, timeout=30, total_timeout=1)
-        assert time.monotonic() - t0 < 2.5 and info.value.stdout_bytes == b""  # never started
+        assert time.monotonic() - t0 < 10 and info.value.stdout_bytes == b""  # never started
         await blocker
         assert (await env.exec("test -e ran; echo $?")).stdout == "1\n"  # dropped from the queue, never run
         with pytest.raises(ActionTimeout) as info:  # a total shorter than the run limit cuts the run
