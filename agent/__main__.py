@@ -40,6 +40,8 @@ def parser() -> argparse.ArgumentParser:
                     help="cut off this long: kill running actions")
     ap.add_argument("--log-file", metavar="FILE", help="log here instead of stderr")
     ap.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    ap.add_argument("--log-format", choices=("text", "json"),
+                    help="text (default) or json lines; default: $TANGRAM_LOG_FORMAT, else text")
     ap.add_argument("--allow-remote", action="store_true", default=None,
                     help="allow a non-loopback controller over plain TCP (no encryption yet)")
     ap.add_argument("--trusted-code-only", action="store_true", default=None,
@@ -60,6 +62,7 @@ def overrides(ns: argparse.Namespace) -> dict[str, Any]:
         "gpu_mem_mib": parse_mib(ns.gpu_memory, "--gpu-memory") if ns.gpu_memory is not None else None,
         "restore_bandwidth_gbps": ns.restore_gbps, "heartbeat_s": ns.heartbeat,
         "orphan_timeout_s": ns.orphan_timeout, "log_file": ns.log_file, "log_level": ns.log_level,
+        "log_format": ns.log_format,
         "allow_remote": ns.allow_remote, "trusted_code_only": ns.trusted_code_only,
         "sandbox_mem_mib": parse_mib(ns.sandbox_mem, "--sandbox-mem") if ns.sandbox_mem is not None else None,
     }

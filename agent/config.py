@@ -89,6 +89,7 @@ class AgentConfig:
     outbox_mib: int = 256  # replies buffered while cut off from the controller
     log_file: str = ""  # "" = stderr
     log_level: str = "INFO"
+    log_format: str = ""  # text | json; "" = $TANGRAM_LOG_FORMAT, else text (tangram/logfmt.py)
     allow_remote: bool = False  # plain TCP to a non-loopback controller (unencrypted; prefer `curve`)
     # process executor: run actions without containment where the host cannot contain them (not root, no
     # cpuset/memory/pids cgroup); without it the agent refuses to start there (docs/agent.md)
@@ -212,11 +213,16 @@ class AgentConfig:
             isinstance(s, dict) and "name" in s for s in self.services)
         if not services_ok:
             raise ConfigError("services: expected a list of service spec objects, each with a `name`")
-        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+        self._check_logging()
         if not self.workdir:
             self.workdir = default_workdir(self.name)
         self.workdir = os.path.abspath(os.path.expanduser(self.workdir))
+
+    def _check_logging(self) -> None:
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+        if self.log_format not in ("", "text", "json"):
+            raise ConfigError(f"log_format: expected text or json, got {self.log_format!r}")
 
     def default_sandbox_mem(self) -> int:
         """The memory limit (MiB) of a sandbox opened without ``mem``: ``sandbox_mem_mib``, else

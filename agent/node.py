@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import sys
 from typing import Any
 
 import tangram
@@ -19,18 +18,15 @@ EXIT_CONFIG = 2
 
 
 def setup_logging(cfg: AgentConfig) -> None:
-    handler: logging.Handler
-    if cfg.log_file:
-        os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
-        handler = logging.FileHandler(cfg.log_file)
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(
-        f"%(asctime)s.%(msecs)03d %(levelname)s agent[{cfg.name}] %(message)s", "%Y-%m-%dT%H:%M:%S"))
-    root = logging.getLogger("agent")
-    root.handlers[:] = [handler]
-    root.setLevel(cfg.log_level.upper())
-    root.propagate = False
+    """The one log format (tangram/logfmt.py): ``log_format``, else $TANGRAM_LOG_FORMAT, else text."""
+    from tangram import logfmt
+
+    logfmt.configure("agent", node=cfg.name, fmt=cfg.log_format or None, level=cfg.log_level,
+                     path=cfg.log_file or None)
+    own = logging.getLogger("agent")  # an earlier setup gave it a handler of its own
+    own.handlers[:] = []
+    own.setLevel(logging.NOTSET)
+    own.propagate = True
 
 
 def write_pidfile(path: str) -> None:

@@ -8,12 +8,15 @@ the error's exit code; tracebacks need `-v -v` or TANGRAM_DEBUG=1.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
 from typing import Any
 
 import click
+
+from tangram_cli.params import conform
 
 # name -> (module, one-line help); order is the order `tangram --help` lists them in.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -28,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inventory": ("tangram_cli.commands.inventory", "Validate or show an inventory file."),
     "env": ("tangram_cli.commands.env", "Print TANGRAM_ADDR exports for rollout jobs."),
     "keys": ("tangram_cli.commands.keys", "Per-client CURVE keys: add, list, revoke."),
+    "logs": ("tangram_cli.commands.logs", "Print or follow the controller's or a node's log."),
 }
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_PARTIAL, EXIT_NO_CLUSTER, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -47,7 +51,20 @@ class LazyGroup(click.Group):
             return None
         module = importlib.import_module(COMMANDS[cmd_name][0])
         command: click.Command = module.command
-        return command
+        return conform(command)  # -v/-q/--no-color and -o on every command (tangram_cli/params.py)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """As click's, but an unknown name gets "Did you mean 'status'?" (exit 2): click looks for
+        close matches in ``self.commands``, which a lazy group leaves empty."""
+        name = args[0] if args else ""
+        known = not name or name.startswith("-") or ctx.resilient_parsing or self.get_command(ctx, name)
+        if not known:
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=3, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
@@ -92,20 +109,26 @@ def _report(exc: Exception, ctx: click.Context) -> None:
     sys.exit(EXIT_FAIL)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "TANGRAM"})
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "TANGRAM"},
+)
 @click.option("-v", "--verbose", count=True, help="More output; -vv shows tracebacks.")
+@click.option("-q", "--quiet", count=True, help="Less output: no progress lines.")
 @click.option("--no-color", is_flag=True, help="Plain output (NO_COLOR is honoured too).")
 @click.version_option(package_name="tangram-rl", prog_name="tangram")
 @click.pass_context
-def cli(ctx: click.Context, verbose: int, no_color: bool) -> None:
+def cli(ctx: click.Context, verbose: int, quiet: int, no_color: bool) -> None:
     """Tangram schedules agentic-RL actions (sandbox commands, GPU service calls, API calls)
     onto pooled CPU cores, GPUs and API quotas, one action at a time.
 
     Start a local cluster with `tangram up`, try it with `tangram demo`, and reproduce the
     paper's experiments in virtual time with `tangram sim`.
     """
-    ctx.ensure_object(dict)
-    ctx.obj["verbose"] = verbose
+    obj = ctx.ensure_object(dict)
+    obj["verbose"] = obj.get("verbose", 0) + verbose
+    obj["quiet"] = obj.get("quiet", 0) + quiet
+    importlib.import_module("tangram.logfmt").configure_cli(obj["verbose"])  # the one log format
     if no_color:
         os.environ["NO_COLOR"] = "1"
 

@@ -161,6 +161,9 @@ def agent_config(
         cfg["curve"] = dict(curve)
     elif allow_remote:
         cfg["allow_remote"] = True
+    log_format = os.environ.get("TANGRAM_LOG_FORMAT", "").strip().lower()
+    if log_format in ("text", "json"):  # agents over SSH do not inherit `up`'s environment
+        cfg["log_format"] = log_format
     return cfg
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from tangram_cli.params import Duration
+
 
 @click.command("controller")
 @click.option(
@@ -58,12 +60,12 @@ import click
 )
 @click.option(
     "--client-grace",
-    type=click.FloatRange(0.05, 86400),
+    type=Duration(0.05, 86400),
     default=None,
-    help="Seconds a silent client keeps its sandboxes and leases (default 60).",
+    help="How long a silent client keeps its sandboxes and leases (default 60s).",
 )
 @click.option(
-    "--heartbeat", type=click.FloatRange(0.01, 60), default=None, help="Heartbeat interval in seconds."
+    "--heartbeat", type=Duration(0.01, 60), default=None, help="Heartbeat interval (e.g. 1s, 500ms)."
 )
 @click.option("--cluster", default=None, help="Cluster name (default: from --config, else 'local').")
 @click.option(
@@ -85,6 +87,19 @@ import click
     help="CURVE certs directory (controller key, allow-lists agents/ clients/ status/); "
     "required to bind a non-loopback address.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics at http://BIND:PORT/metrics (0: a free port; default: the "
+    "config's metrics_port, else off).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default=None,
+    help="Log lines as text or JSON (default: $TANGRAM_LOG_FORMAT, else text).",
+)
 def command(
     bind: str,
     agents_port: int,
@@ -100,6 +115,8 @@ def command(
     max_outstanding_per_client: int | None,
     max_queued: int | None,
     certs: str | None,
+    metrics_port: int | None,
+    log_format: str | None,
 ) -> None:
     """Run the controller in the foreground.
 
@@ -141,5 +158,7 @@ def command(
         state=state,
         ready_file=ready_file,
         certs=certs,
+        metrics_port=metrics_port,
+        log_format=log_format,
     )
     raise SystemExit(run_controller(config, options))

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from tangram_cli import state as st
+from tangram_cli.params import output_option, verbosity
 
 
 def _cluster_cores(records: dict[str, Any]) -> int:
@@ -124,7 +125,7 @@ def render_table(summary: dict[str, Any], cfg: Any) -> Any:
     type=click.Choice(["tangram", "static"]),
     help="Run only these policies (default: both).",
 )
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@output_option("table", "json", help="table; json: the config, both policies' metrics and the ratios.")
 def command(
     workload: str,
     trajectories: int,
@@ -142,7 +143,7 @@ def command(
     """
     from tangram_cli import demo_workload as dw
 
-    quiet = output == "json"
+    quiet = output == "json" or verbosity()[1] > 0
     addr, status_addr = _ensure_cluster(quiet)
     cores = os.cpu_count() or 1
     if status_addr:
@@ -159,7 +160,7 @@ def command(
     order = [p for p in ("tangram", "static") if not policies or p in policies]
     results = _run(addr, cfg, order, quiet)
     summary = dw.compare(results)
-    if quiet:
+    if output == "json":
         click.echo(
             json.dumps(
                 {"workload": workload, "address": addr, "config": dw.config_dict(cfg), **summary},

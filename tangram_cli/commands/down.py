@@ -2,13 +2,19 @@
 
 SIGTERM to the controller (it drains, sends ``Shutdown(reason="down")`` to every agent, and the
 agents remove their containers), SIGKILL after ``--timeout``. Then the safety nets: local agents
-still running are stopped by pid, agents over SSH by pidfile (``plan.stop_command``), and any
-container labelled ``tangram.cluster=<name>`` is removed with the Docker SDK. Finally the state
-file goes (``--purge`` also removes logs and node workdirs).
+still running are stopped by pid, agents over SSH by pidfile (``plan.stop_command``), and the
+containers of *this* cluster (labels ``tangram.cluster=<name>`` and ``tangram.cluster-id=<id>``, the
+unique id in its state, see tangram_cli/state.py) are removed with the Docker SDK (over SSH with
+``docker rm``). Finally the state file goes (``--purge`` also removes logs and node workdirs).
+
+Containers are only ever found by the cluster's id, never by its bare name, which another cluster
+(another user, or another TANGRAM_HOME, on the same Docker daemon) may share: without a state nothing
+is removed, and a legacy state (written before ids) leaves the containers to its agents.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from collections.abc import Callable
@@ -16,6 +22,7 @@ from collections.abc import Callable
 import click
 
 from tangram_cli import state as st
+from tangram_cli.params import Duration, output_option
 
 
 def down_cluster(
@@ -27,12 +34,12 @@ def down_cluster(
     with st.locked(name, timeout_s=timeout_s + 30):
         state = st.load(name)
         if state is None:
-            removed = local.remove_labelled_containers(name)
-            if removed:
-                echo(f"removed {removed} leftover container(s) labelled tangram.cluster={name}")
             if purge:
                 st.remove(name, purge=True)
-            echo(f"nothing is running for cluster {name!r}")
+            echo(
+                f"nothing is running for cluster {name!r} (no state in {st.cluster_dir(name)}: "
+                "no containers were removed, as only a cluster's state names its containers)"
+            )
             return 0
         alive = state.controller_alive()
         if alive:
@@ -61,12 +68,28 @@ def down_cluster(
                 for host, why in failures.items():
                     echo(f"  {host}: {why}")
                 code = 3
-        removed = local.remove_labelled_containers(name)
-        if removed:
-            echo(f"removed {removed} container(s) labelled tangram.cluster={name}")
+        _sweep_containers(state, echo)
         st.remove(name, purge=purge)
         echo(f"cluster {name} is down" + (" (purged)" if purge else ""))
         return code
+
+
+def _sweep_containers(state: st.ClusterState, echo: Callable[[str], None]) -> None:
+    """Remove the containers left by this cluster's local agents (by its id); a legacy state has no id,
+    so nothing is swept and the message says how to find them by hand."""
+    from tangram_cli.bootstrap import local
+
+    if not state.cluster_id:
+        echo(
+            f"the state of cluster {state.name!r} has no cluster id (written by an older tangram): "
+            f"containers labelled only tangram.cluster={state.name} were left alone, since another "
+            "cluster of that name may own them; list yours with "
+            f"`docker ps -a --filter label=tangram.cluster={state.name}`"
+        )
+        return
+    removed = local.remove_cluster_containers(state.name, state.cluster_id)
+    if removed:
+        echo(f"removed {removed} container(s) of cluster {state.name} (id {state.cluster_id})")
 
 
 @click.command("down")
@@ -77,15 +100,22 @@ def down_cluster(
 @click.option("-y", "--yes", is_flag=True, help="Do not ask.")
 @click.option(
     "--timeout",
-    default=20.0,
+    default="20s",
     show_default=True,
-    type=click.FloatRange(0.1, 3600),
-    help="Seconds to wait for the controller before SIGKILL.",
+    type=Duration(0.1, 3600),
+    help="Wait this long for the controller before SIGKILL (20, 20s, 1m).",
 )
 @click.option("--force", is_flag=True, help="Do not wait long for agents; kill by pid / pidfile.")
 @click.option("--purge", is_flag=True, help="Also delete logs, journal and node workdirs.")
+@output_option("text", "json", help="text; json: what was stopped, as one document on stdout.")
 def command(
-    inventory: str | None, cluster: str | None, yes: bool, timeout: float, force: bool, purge: bool
+    inventory: str | None,
+    cluster: str | None,
+    yes: bool,
+    timeout: float,
+    force: bool,
+    purge: bool,
+    output: str,
 ) -> None:
     """Stop a cluster: drain, remove its sandboxes, stop agents and the controller.
 
@@ -99,4 +129,25 @@ def command(
     if name is None:
         live = st.running()
         name = live[0].name if len(live) == 1 else st.DEFAULT_CLUSTER
-    sys.exit(down_cluster(name, force=force, purge=purge, timeout_s=timeout))
+    if output != "json":
+        sys.exit(down_cluster(name, force=force, purge=purge, timeout_s=timeout))
+    before = st.load(name)
+    was_running = bool(before and before.controller_alive())
+    messages: list[str] = []
+
+    def echo(msg: str) -> None:
+        messages.append(msg)
+        click.echo(msg, err=True)
+
+    code = down_cluster(name, force=force, purge=purge, timeout_s=timeout, echo=echo)
+    doc = {
+        "cluster": name,
+        "found": before is not None,
+        "controller_was_running": was_running,
+        "cluster_id": before.cluster_id if before else None,
+        "purged": purge,
+        "exit_code": code,
+        "messages": messages,
+    }
+    click.echo(json.dumps(doc, sort_keys=True))
+    sys.exit(code)

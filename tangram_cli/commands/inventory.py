@@ -10,6 +10,8 @@ from typing import Any
 
 import click
 
+from tangram_cli.params import output_option
+
 ENV = "TANGRAM_INVENTORY"
 FILE_HELP = f"FILE defaults to ${ENV}, or to the embedded local default when that is unset."
 
@@ -45,8 +47,8 @@ def command() -> None:
 
 @command.command("validate")
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print {ok, nodes, errors} as JSON.")
-def validate(file: str | None, as_json: bool) -> None:
+@output_option("text", "json", json_alias=True, help="text; json: {ok, source, cluster, nodes, errors}.")
+def validate(file: str | None, output: str) -> None:
     """Check FILE: schema, units, host names, consistency. Lists every problem at once.
 
     Exits 0 when the inventory is valid and 2 when it is not.
@@ -55,6 +57,7 @@ def validate(file: str | None, as_json: bool) -> None:
     """
     from tangram.errors import InventoryError
 
+    as_json = output == "json"
     try:
         inv, source = _load(file)
     except InventoryError as exc:
@@ -81,16 +84,10 @@ def validate(file: str | None, as_json: bool) -> None:
 
 @command.command("show")
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table of nodes, or the whole resolved inventory as JSON.",
+@output_option(
+    "table", "json", json_alias=True, help="A table of nodes, or the whole resolved inventory as JSON."
 )
-@click.option("--json", "as_json", is_flag=True, help="Same as -o json.")
-def show(file: str | None, output: str, as_json: bool) -> None:
+def show(file: str | None, output: str) -> None:
     """Print FILE after defaults, group vars, host overrides and units are applied.
 
     FILE defaults to $TANGRAM_INVENTORY, or to the embedded local default.
@@ -98,7 +95,7 @@ def show(file: str | None, output: str, as_json: bool) -> None:
     from tangram_cli.inventory import to_json
 
     inv, _ = _load(file)
-    if as_json or output == "json":
+    if output == "json":
         click.echo(to_json(inv))
         return
     _table(inv)

@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from tangram_cli import state as st
+from tangram_cli.params import output_option
 
 
 def _cluster(name: str | None) -> str:
@@ -49,7 +50,7 @@ def command() -> None:
     default=None,
     help="Directory for the secret (made 0700; default: the cluster's certs/users/NAME/).",
 )
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@output_option("text", "json", help="text; json: the key's name, role, fingerprint and certs directory.")
 def add(name: str, cluster: str | None, out: str | None, output: str) -> None:
     """Create client keypair NAME: public key on the allow-list, secret in a TANGRAM_CERTS directory."""
     from tangram_cli import keys
@@ -72,7 +73,7 @@ def add(name: str, cluster: str | None, out: str | None, output: str) -> None:
 
 @command.command("list")
 @_CLUSTER
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@output_option("table", "json")
 def list_(cluster: str | None, output: str) -> None:
     """The keys on the cluster's allow-lists: name, role, fingerprint."""
     from tangram_cli import keys

@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from tangram_cli.params import deprecated, output_option, verbosity
+
 ROWS = [
     ("mean_act_s", "mean ACT (s)"),
     ("p50_act_s", "p50 ACT (s)"),
@@ -135,14 +137,21 @@ class _Bar:
             self.progress.update(self.task, completed=done, total=total)
 
 
+def _old_workload_flag(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    """``-w``, sim's old short flag for --workload (hidden; -w is --watch elsewhere)."""
+    if value is not None:
+        deprecated("sim -w", "--workload (-w means --watch in tangram)")
+        ctx.meta["sim_workload"] = value
+
+
 @click.command("sim")
 @click.option(
     "--workload",
-    "-w",
     default="coding",
     show_default=True,
     help="coding, deepsearch, mopd, mopd+search, or a workload .yaml file.",
 )
+@click.option("-w", "old_workload", hidden=True, expose_value=False, callback=_old_workload_flag)
 @click.option(
     "--batch", "-b", type=click.IntRange(min=1), default=None, help="Trajectories per step [default: 256]."
 )
@@ -184,7 +193,7 @@ class _Bar:
     default=None,
     help="Regenerate one of the paper's results instead.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@output_option("table", "json", json_alias=True, help="table; json: one JSON document instead of tables.")
 @click.option(
     "--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG plot (needs matplotlib)."
 )
@@ -205,13 +214,15 @@ def command(
     cpu_nodes: int | None,
     gpus: int | None,
     experiment: str | None,
-    as_json: bool,
+    output: str,
     plot: str | None,
     journal_dir: str | None,
 ) -> None:
     """Simulate workloads under several policies in virtual time, with the real core."""
     from tangram.sim.cluster import load_cluster
 
+    as_json = output == "json"
+    workload = click.get_current_context().meta.get("sim_workload", workload)
     spec = load_cluster(cluster_file) if cluster_file else None
     if cpu_nodes is not None or gpus is not None:
         from dataclasses import replace
@@ -255,7 +266,7 @@ def _runs(
     names = list(dict.fromkeys(policies or ("tangram", BASELINE.get(wl.name, "k8s"))))
     parsed = [parse_policy(p) for p in names]  # all errors before any run
     doc: dict[str, dict[str, Any]] = {}
-    with _Bar(quiet=False) as bar:
+    with _Bar(quiet=verbosity()[1] > 0) as bar:
         for name, pol in zip(names, parsed, strict=True):
             bar.start(f"{wl.name} x{batch} {name}", batch * steps)
             journal = None
@@ -300,11 +311,12 @@ def _runs(
 def _experiment(name: str, seed: int, spec: Any, batch: int | None, as_json: bool, plot: str | None) -> None:
     from tangram.sim.experiments import run_experiment
 
-    with _Bar(quiet=False) as bar:
+    quiet = verbosity()[1] > 0
+    with _Bar(quiet=quiet) as bar:
 
         def note(label: str) -> None:
             bar.start(label)
-            if bar.progress is None or not sys.stderr.isatty():
+            if not quiet and (bar.progress is None or not sys.stderr.isatty()):
                 click.echo(label, err=True)
 
         doc = run_experiment(name, seed, spec, note, batch)

@@ -1,4 +1,4 @@
-"""`tangram status [INVENTORY] [-c NAME] [--watch [SECS]] [-o table|wide|json]`.
+"""`tangram status [INVENTORY] [-c NAME] [--watch [DURATION]] [-o table|wide|json]`.
 
 Reads the controller's status socket (``StatusReq`` -> ``Status.records``) and renders a header
 line and NODES / SERVICES / APIS / QUEUE tables (tangram_cli/render/status.py). Exit 4 with a
@@ -16,6 +16,7 @@ import click
 
 from tangram.errors import ControllerUnreachable
 from tangram_cli import state as st
+from tangram_cli.params import Duration, output_option
 from tangram_cli.render import status as rs
 
 
@@ -51,37 +52,47 @@ def _fetch(state: st.ClusterState, limit: int) -> dict:
     is_flag=False,
     flag_value=2.0,
     default=None,
-    type=click.FloatRange(0.2, 3600),
-    metavar="[SECS]",
-    help="Redraw every SECS seconds (2 without a value).",
+    type=Duration(0.2, 3600),
+    metavar="[DURATION]",
+    help="Redraw every DURATION (2s without a value; 5, 5s, 500ms, 1m).",
+)
+@output_option(
+    "table",
+    "wide",
+    "json",
+    json_alias=True,
+    help="table; wide: every column and section, all running actions; json: the records, for scripts.",
 )
 @click.option(
-    "-o", "--output", type=click.Choice(["table", "wide", "json"]), default="table", show_default=True
+    "-a", "--all", "show_all", is_flag=True, help="Every section and column, all running actions (-o wide)."
 )
-@click.option("--json", "as_json", is_flag=True, help="Same as -o json.")
-@click.option("-a", "--all", "show_all", is_flag=True, help="Every section, including unknown ones.")
 @click.option("-R", "--unhealthy", is_flag=True, help="Only nodes that are not healthy.")
 @click.option("--nodes", "only", flag_value="nodes", help="Only the NODES table.")
 @click.option("--services", "only", flag_value="services", help="Only the SERVICES table.")
 @click.option("--apis", "only", flag_value="apis", help="Only the APIS table.")
 @click.option("--queue", "only", flag_value="queue", help="Only the QUEUE table.")
 @click.option(
-    "--limit", default=20, show_default=True, type=click.IntRange(0, 10_000), help="Queue rows to fetch."
+    "--limit",
+    default=20,
+    show_default=True,
+    type=click.IntRange(0, 10_000),
+    help="Rows of waiting and of running actions to fetch.",
 )
 def command(
     inventory: str | None,
     cluster: str | None,
     watch: float | None,
     output: str,
-    as_json: bool,
     show_all: bool,
     unhealthy: bool,
     only: str | None,
     limit: int,
 ) -> None:
-    """Show nodes, services, APIs and the queue of a running cluster."""
-    if as_json:
-        output = "json"
+    """Show nodes, services, APIs, running actions and the queue of a running cluster.
+
+    Running actions are listed first (at most 10; -a or -o wide: all that were fetched), then the
+    waiting ones (PD) with why they wait; a line says how many more there are.
+    """
     state = _target(inventory, cluster)
     sections = (only,) if only else rs.KNOWN_SECTIONS
     wide = output == "wide" or show_all

@@ -3,8 +3,10 @@
 Without an inventory (no argument, no ``-i``, no ``TANGRAM_INVENTORY``) it starts the local
 default: controller plus one agent on this machine (bootstrap/local.py). With one it bootstraps
 every host over SSH (bootstrap/remote.py). A controller that died is restarted in place, on its
-recorded ports (bootstrap/restart.py). Exit codes: 0 up, 1 failed, 2 bad inventory or
-usage, 3 some hosts failed (with ``--allow-partial``).
+recorded ports (bootstrap/restart.py). A running local cluster is kept; flags that differ from
+what it was started with are an error (exit 1) naming each one, unless ``--replace`` asks for a
+fresh cluster. Exit codes: 0 up, 1 failed, 2 bad inventory or usage, 3 some hosts failed (with
+``--allow-partial``).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 import click
 
-from tangram.errors import ConfigError
+from tangram.errors import ConfigError, TangramError
 from tangram_cli import state as st
+from tangram_cli.params import Duration, output_option, verbosity
 
 
 def _gpu_mem(value: str | None) -> int | None:
@@ -31,20 +35,13 @@ def _gpu_mem(value: str | None) -> int | None:
         raise ConfigError(f"--gpu-mem: {exc}", hint="write e.g. --gpu-mem 16GiB") from None
 
 
-def _duration_s(value: str) -> float:
-    from tangram_cli.inventory import parse_duration_ms
-
-    try:
-        return float(value) if value.replace(".", "", 1).isdigit() else parse_duration_ms(value) / 1000
-    except ValueError as exc:
-        raise ConfigError(f"--timeout: {exc}", hint="write e.g. --timeout 300s") from None
-
-
 def print_ready(state: st.ClusterState, *, started: bool, how: str = "", summary: str | None = None) -> None:
     """The closing lines of `up`. ``how``: "started", "running" or "restarted" (in place)."""
     agents = len(state.hosts)
     how = how or ("started" if started else "running")
     verb = {"started": "is up", "restarted": "is up again", "running": "is already running"}.get(how, "is up")
+    if how == "running" and state.started_at:
+        verb += f" since {since(state.started_at)}"
     if summary:
         click.echo(summary)
     click.echo(
@@ -57,6 +54,8 @@ def print_ready(state: st.ClusterState, *, started: bool, how: str = "", summary
         from tangram_cli.bootstrap.local import security_line
 
         click.echo(security_line(state))
+    if state.cluster_id:
+        click.echo(f"cluster id: {state.cluster_id} (its sandbox containers: label tangram.cluster-id)")
     click.echo(f"logs: {st.logs_dir(state.name)}")
     click.echo("next: `tangram status`, `tangram demo`, `tangram down`")
     click.echo(f"export TANGRAM_ADDR={state.address}")
@@ -75,11 +74,23 @@ def print_ready(state: st.ClusterState, *, started: bool, how: str = "", summary
 @click.option(
     "--parallel", default=8, show_default=True, type=click.IntRange(1, 64), help="SSH connections in flight."
 )
-@click.option("--timeout", "timeout", default="300s", show_default=True, help="Wait this long for agents.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=Duration(0.1, 86400),
+    default="300s",
+    show_default=True,
+    help="Wait this long for agents (300, 300s, 5m).",
+)
 @click.option(
     "--allow-partial", is_flag=True, help="Exit 3 (not 1) and keep the cluster when some hosts fail."
 )
 @click.option("--force", is_flag=True, help="Restart agents even where they already run.")
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="If the cluster runs, stop it (`tangram down`) and start a fresh one with these flags.",
+)
 @click.option("--foreground", is_flag=True, help="Stay attached; Ctrl-C stops the cluster.")
 @click.option(
     "--executor",
@@ -101,7 +112,7 @@ def print_ready(state: st.ClusterState, *, started: bool, how: str = "", summary
     help="Local default: CURVE keys (default; an inventory always uses them), or --insecure: plain TCP "
     "on 127.0.0.1 that any local user can connect to, as agent or client (development only).",
 )
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@output_option("table", "json")
 @click.pass_context
 def command(
     ctx: click.Context,
@@ -111,9 +122,10 @@ def command(
     dry_run: bool,
     limit: str | None,
     parallel: int,
-    timeout: str,
+    timeout_s: float,
     allow_partial: bool,
     force: bool,
+    replace: bool,
     foreground: bool,
     executor: str,
     gpus: int | None,
@@ -125,32 +137,18 @@ def command(
 
     Blocks until every agent has registered with the controller, then prints the
     `export TANGRAM_ADDR=...` line rollout jobs need. Re-running it on a running cluster
-    changes nothing but starting dead agents again; after a controller crash it restarts the
-    controller on the same ports (running agents and clients reconnect to it).
+    changes nothing but starting dead agents again (flags that differ from the running
+    cluster's are an error: `--replace` starts it afresh); after a controller crash it restarts
+    the controller on the same ports (running agents and clients reconnect to it).
     """
     if inventory and inventory_opt and inventory != inventory_opt:
         raise click.UsageError("give the inventory once: as an argument or with -i")
     path = inventory or inventory_opt or os.environ.get("TANGRAM_INVENTORY") or None
-    timeout_s = _duration_s(timeout)
-    verbose = (ctx.obj or {}).get("verbose", 0)
+    verbose, quiet = verbosity(ctx)
     if path:
-        from tangram_cli.bootstrap import remote
-
-        code = remote.up_command(
-            path,
-            dry_run=dry_run,
-            limit=limit,
-            parallel=parallel,
-            timeout_s=timeout_s,
-            allow_partial=allow_partial,
-            force=force,
-            output=output,
-            verbose=verbose,
-        )
-        if foreground and code in (0, 3) and not dry_run:
-            _stay(remote.cluster_name(path))
-        sys.exit(code)
-
+        options = dict(limit=limit, parallel=parallel, timeout_s=timeout_s, allow_partial=allow_partial)
+        options.update(force=force, output=output, verbose=verbose)
+        sys.exit(_up_inventory(path, dry_run, replace, foreground, quiet > 0, options))
     if dry_run:
         click.echo(
             "local default: start `tangram controller` on 127.0.0.1 (free ports) and one agent "
@@ -158,23 +156,146 @@ def command(
             + ("CURVE keys in the cluster's certs directory" if curve else "plain TCP (--insecure)")
         )
         return
-    name = _up_local(executor, gpus, gpu_mem, min(timeout_s, 120.0), curve, quiet=output == "json")
+    wanted = _wanted(ctx, executor=executor, gpus=gpus, gpu_mem=gpu_mem, curve=curve)
+    if replace:
+        _replace(st.DEFAULT_CLUSTER, quiet=quiet > 0)
+    else:
+        _check_running(st.DEFAULT_CLUSTER, wanted, quiet=quiet > 0 or output == "json")
+    name = _up_local(executor, gpus, gpu_mem, min(timeout_s, 120.0), curve, output=output, quiet=quiet > 0)
     if foreground:
         _stay(name)
 
 
+def _up_inventory(
+    path: str, dry_run: bool, replace: bool, foreground: bool, quiet: bool, options: dict[str, Any]
+) -> int:
+    """`up INVENTORY`: bootstrap over SSH (bootstrap/remote.py); the exit code."""
+    from tangram_cli.bootstrap import remote
+
+    if replace and not dry_run:
+        _replace(remote.cluster_name(path), quiet=quiet)
+    code = remote.up_command(path, dry_run=dry_run, **options)
+    if foreground and code in (0, 3) and not dry_run:
+        _stay(remote.cluster_name(path))
+    return code
+
+
+def since(started_at: float, now: float | None = None) -> str:
+    """``2026-11-30 01:23:22 (3h05m ago)``: when a cluster started, in local time."""
+    from tangram_cli.render.status import duration
+
+    now = time.time() if now is None else now
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_at))
+    return f"{stamp} ({duration(now - started_at)} ago)"
+
+
+def _wanted(ctx: click.Context, **values: object) -> dict[str, object]:
+    """The local-default flags given on the command line (not left at their defaults)."""
+    from click.core import ParameterSource
+
+    defaults = (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
+    return {k: v for k, v in values.items() if ctx.get_parameter_source(k) not in defaults}
+
+
+def _recorded_gpus(text: str) -> tuple[int, int | None]:
+    """(emulated GPUs, GiB each) from the state's ``gpus``: "2 emulated x 16GiB" -> (2, 16);
+    "1 (NVML)" -> (0, None)."""
+    words = text.split()
+    if len(words) == 4 and words[1] == "emulated" and words[0].isdigit() and words[3].endswith("GiB"):
+        return int(words[0]), int(words[3].removesuffix("GiB") or 0)
+    return 0, None
+
+
+def differences(state: st.ClusterState, wanted: dict[str, object]) -> list[str]:
+    """The given flags that differ from what the running cluster was started with, each as
+    ``--gpus 4 (running: 2 emulated x 16GiB)``."""
+    out = []
+    executor = wanted.get("executor")
+    if executor not in (None, "auto") and executor != state.executor:
+        out.append(f"--executor {executor} (running: {state.executor or 'unknown'})")
+    emulated, gib = _recorded_gpus(state.gpus)
+    gpus = wanted.get("gpus")
+    if gpus is not None and gpus != emulated:
+        out.append(f"--gpus {gpus} (running: {state.gpus or 'none'})")
+    gpu_mem = wanted.get("gpu_mem")
+    if gpu_mem is not None and (gpus or emulated) and _gpu_mem(str(gpu_mem)) // 1024 != gib:
+        out.append(f"--gpu-mem {gpu_mem} (running: {state.gpus or 'none'})")
+    curve = wanted.get("curve")
+    if curve is not None and bool(curve) != bool(state.certs):
+        out.append("--curve (running: --insecure, plain TCP)" if curve else "--insecure (running: CURVE)")
+    return out
+
+
+def _running_line(state: st.ClusterState) -> str:
+    security = "CURVE" if state.certs else "plain TCP (--insecure)"
+    return (
+        f"cluster {state.name} already running since {since(state.started_at)}, with executor "
+        f"{state.executor or '?'}, gpus {state.gpus or 'none'}, {security}"
+    )
+
+
+def _check_running(name: str, wanted: dict[str, object], *, quiet: bool) -> None:
+    """A running cluster is kept: say so; flags it was not started with are an error (exit 1)."""
+    state = st.load(name)
+    if state is None or not state.controller_is_ours():
+        return
+    diffs = differences(state, wanted)
+    if diffs:
+        flags = _flag_words(wanted)
+        raise TangramError(
+            f"{_running_line(state)}; these flags differ from it: {'; '.join(diffs)}",
+            hint=f"`tangram down` then `tangram up {flags}`, or `tangram up --replace {flags}` "
+            "(both stop the running cluster and its sandboxes); or drop the flags to keep it",
+        )
+    if not quiet:
+        click.echo(f"tangram up: {_running_line(state)}; keeping it (starting what is missing)", err=True)
+
+
+def _flag_words(wanted: dict[str, object]) -> str:
+    """The given flags again, as the user would write them: ``--gpus 4 --insecure``."""
+    words = []
+    for key, value in wanted.items():
+        if key == "curve":
+            words.append("--curve" if value else "--insecure")
+        else:
+            words.append(f"--{key.replace('_', '-')} {value}")
+    return " ".join(words)
+
+
+def _replace(name: str, *, quiet: bool) -> None:
+    """--replace: stop the cluster if one is recorded, so a fresh one starts with the flags given."""
+    from tangram_cli.commands.down import down_cluster
+
+    if st.load(name) is None:
+        return
+    echo = (lambda _m: None) if quiet else (lambda m: click.echo(f"  {m}", err=True))
+    if not quiet:
+        click.echo(f"tangram up --replace: stopping cluster {name} first", err=True)
+    down_cluster(name, force=False, purge=False, timeout_s=20.0, echo=echo)
+
+
 def _up_local(
-    executor: str, gpus: int | None, gpu_mem: str | None, timeout_s: float, curve: bool, *, quiet: bool
+    executor: str,
+    gpus: int | None,
+    gpu_mem: str | None,
+    timeout_s: float,
+    curve: bool,
+    *,
+    output: str,
+    quiet: bool,
 ) -> str:
     """The local default: start, keep or restart it in place; print the outcome. Returns its name."""
     from tangram_cli.bootstrap import local
+
+    quiet = quiet or output == "json"
 
     def say(msg: str) -> None:
         if not quiet:
             click.echo(f"  {msg}", err=True)
 
-    if not quiet:
-        click.echo("tangram up: the local cluster (controller + 1 agent on this machine)...", err=True)
+    old = st.load(st.DEFAULT_CLUSTER)
+    if not quiet and (old is None or not old.controller_is_ours()):
+        click.echo("tangram up: starting the local cluster (controller + 1 agent on this machine)", err=True)
     result = local.bring_up_local(
         executor=executor,
         gpus=gpus,
@@ -183,7 +304,7 @@ def _up_local(
         on_event=say,
         curve=curve,
     )
-    if quiet:
+    if output == "json":
         import json
 
         click.echo(json.dumps(result.to_dict(), sort_keys=True))

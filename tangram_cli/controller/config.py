@@ -11,10 +11,13 @@ The file is what `tangram up` writes after resolving an inventory; every key is 
                    "host_mem_mib": 16384}],
      "apis": [{"name": "search", "mode": "concurrency", "limit": 16, "period_s": 60}],
      "profiles": {"pytest": {"efficiency": {"1": 1.0, "2": 0.97}}, "synthetic": {"serial_fraction": 0.05}},
-     "certs": "~/.tangram/clusters/local/certs"}
+     "certs": "~/.tangram/clusters/local/certs",
+     "metrics_port": 9464, "metrics_clients": 20}
 
 `cluster_id` (made by `tangram up`, see tangram_cli/state.py) labels the cluster's sandbox containers.
 `certs` (or `--certs`) turns CURVE on: see tangram_cli/controller/curve.py.
+`metrics_port` (or `--metrics-port`) serves Prometheus metrics on the controller's bind address
+(metrics_http.py; 0: a free port; absent: off); `metrics_clients` caps the client labels.
 
 Services become `ServiceDefined` events and `Prepare` messages to GPU agents (the Prepare
 `spec` is the service mapping's `PREPARE_KEYS`; scheduling keys stay on the controller); APIs
@@ -83,6 +86,8 @@ class ControllerConfig:
     apis: tuple[ApiConf, ...] = ()
     profiles: dict[str, Elasticity] = field(default_factory=lambda: dict(BUILTIN_PROFILES))
     certs: str | None = None  # CURVE certs directory (`--certs` wins); None: plain TCP on loopback
+    metrics_port: int | None = None  # Prometheus endpoint (metrics_http.py; `--metrics-port` wins); None: off
+    metrics_clients: int = 20  # clients with a label of their own in the metrics; later ones are "other"
 
     def service(self, name: str) -> ServiceConf | None:
         return next((s for s in self.services if s.name == name), None)
@@ -188,7 +193,18 @@ def parse_config(raw: dict[str, Any]) -> ControllerConfig:
         apis=tuple(apis),
         profiles=profiles,
         certs=_certs(raw.get("certs")),
+        metrics_port=_port(raw.get("metrics_port"), "metrics_port"),
+        metrics_clients=_int(raw.get("metrics_clients", 20), "metrics_clients", 1),
     )
+
+
+def _port(value: object, where: str) -> int | None:
+    if value is None:
+        return None
+    port = _int(value, where)
+    if port > 65535:
+        raise ConfigError(f"{where}: expected a port 0-65535 (0: a free one), got {value!r}")
+    return port
 
 
 def _cluster_id(value: object) -> str:

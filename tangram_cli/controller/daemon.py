@@ -8,7 +8,8 @@
 
 `run_controller(options)` is the process entry used by `tangram controller`: it binds (port 0
 picks a free port), prints one JSON line `{"agents": P, "submit": P, "status": P, "pid": N,
-"bind": ADDR, "epoch": E}` on stdout and writes the same to `--ready-file`, then serves until
+"bind": ADDR, "epoch": E}` (plus `"metrics": P, "metrics_addr": URL` when the Prometheus endpoint
+is on: metrics_http.py) on stdout and writes the same to `--ready-file`, then serves until
 SIGINT/SIGTERM (agents keep running; they reconnect to the next controller) or SIGUSR1 (the
 `tangram down` path: `Shutdown("down")` to every agent, which then removes its sandboxes).
 """
@@ -37,6 +38,7 @@ from tangram_cli.controller.curve import ServerAuth
 from tangram_cli.controller.driver import Collector, Driver, WallClock, open_journal
 from tangram_cli.controller.gateway import Gateway
 from tangram_cli.controller.ledger import Ledger
+from tangram_cli.controller.metrics import Metrics
 from tangram_cli.controller.recovery import Recovery
 from tangram_cli.controller.sessions import load_secret
 from tangram_cli.controller.state import Registry, cancel_tasks, check_bind, make_router
@@ -56,13 +58,18 @@ class Options:
     ready_file: str | None = None
     seed: int = 0
     certs: str | None = None  # CURVE certs directory (tangram_cli/keys.py); None: plain TCP, loopback only
+    metrics_port: int | None = None  # Prometheus endpoint (metrics_http.py); None: the config's, else off
+    log_format: str | None = None  # text | json (tangram/logfmt.py); None: $TANGRAM_LOG_FORMAT, else text
 
 
 class Controller:
+    metrics: Metrics | None = None  # per-action numbers, while the metrics endpoint is on (start())
+    metrics_http: Any = None  # metrics_http.MetricsServer, while the endpoint is on
+
     def __init__(self, config: ControllerConfig | None = None, options: Options | None = None) -> None:
         self.config = config or ControllerConfig()
         self.options = options or Options()
-        check_bind(self.options.bind, curve=bool(self.options.certs))
+        self._metrics_sock = self._check_binds()  # first: nothing else to undo when a port is taken
         self.epoch = new_epoch()
         self.clock = WallClock()
         self.registry = Registry(self.clock)  # the controller's one clock, shared by every part
@@ -121,6 +128,32 @@ class Controller:
             self.driver.step(ev.ApiDefined(api.name, api.mode, api.limit, api.period_s))
         self.recovery.restore(self.driver.step)
 
+    def _check_binds(self) -> Any:
+        """Refuse a bind address the sockets may not use; bind the Prometheus endpoint's socket
+        (metrics_http.py) on it and return it (None when the endpoint is off)."""
+        o = self.options
+        check_bind(o.bind, curve=bool(o.certs))
+        port = o.metrics_port if o.metrics_port is not None else self.config.metrics_port
+        if port is None:
+            return None
+        from tangram_cli.controller.metrics_http import metrics_socket
+
+        return metrics_socket(o.bind, port)
+
+    def _open_metrics(self) -> None:
+        if self._metrics_sock is None:
+            return
+        from tangram_cli.controller.metrics_http import MetricsCollector, MetricsServer
+
+        clients = self.gateway.clients
+        self.metrics = Metrics(
+            self.registry.actions,
+            lambda ident: (c.owner or c.name) if (c := clients.get(ident)) is not None else "",
+            self.config.metrics_clients,
+        )
+        collector = MetricsCollector(self.metrics, lambda: self._records(["cluster", "nodes"], 1))
+        self.metrics_http = MetricsServer(self._metrics_sock, collector)
+
     # ------------------------------------------------------------ addresses
     def _host(self) -> str:
         return "127.0.0.1" if self.options.bind == "localhost" else self.options.bind
@@ -150,7 +183,20 @@ class Controller:
             "agents_addr": self.agents_addr,
             "status_addr": self.status_addr,
             "curve": self.curve is not None,
+            **self._metrics_info(),
         }
+
+    def _metrics_info(self) -> dict[str, Any]:
+        if self.metrics_http is None:
+            return {}
+        return {
+            "metrics": self.metrics_http.port,
+            "metrics_addr": f"http://{self._url_host()}:{self.metrics_http.port}/metrics",
+        }
+
+    def _url_host(self) -> str:
+        host = self._host()
+        return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
     # ------------------------------------------------------------ dispatch (driver task only)
     def dispatch(self, event: ev.Event, commands: list[cmd.Command]) -> None:
@@ -158,6 +204,8 @@ class Controller:
         loads: dict[tuple[str, str, int], asyncio.Future[None]] = {}
         dones: list[cmd.Done] = []
         now = self.clock.now()
+        if self.metrics is not None:  # before the gateway answers and forgets the actions
+            self.metrics.on_commands(commands, now)
         for c in commands:
             if isinstance(c, cmd.CreateSandbox):
                 self.agents.create_sandbox(c)
@@ -243,6 +291,7 @@ class Controller:
             )
 
     def start(self) -> None:
+        self._open_metrics()
         for coro in (
             self.driver.run(),
             self.agents.run(),
@@ -251,6 +300,7 @@ class Controller:
             self.gateway.liveness(),
             self.status.run(),
             self._housekeeping(),
+            *((self.metrics_http.run(),) if self.metrics_http is not None else ()),
         ):
             task = asyncio.ensure_future(coro)
             self._tasks.add(task)
@@ -283,6 +333,10 @@ class Controller:
         if self.down_requested:
             await self.agents.shutdown_agents("down")
         await cancel_tasks(self._tasks)
+        if self.metrics_http is not None:
+            self.metrics_http.close()
+        if self._metrics_sock is not None:  # bound, never served if the controller never started
+            self._metrics_sock.close()
         await self.agents.close()
         await self.gateway.close()
         for sock in (self.agents_sock, self.submit_sock, self.status_sock):
@@ -350,11 +404,12 @@ async def serve(
             "and tests only (`tangram up` runs CURVE)"
         )
     log.info(
-        "controller %s up: agents %s, submit %s, status %s",
+        "controller %s up: agents %s, submit %s, status %s%s",
         config.cluster,
         controller.agents_addr,
         controller.submit_addr,
         controller.status_addr,
+        f", metrics {info['metrics_addr']}" if "metrics_addr" in info else "",
     )
     try:
         await controller.wait_stopped()
@@ -367,7 +422,7 @@ async def serve(
 
 
 def run_controller(config: ControllerConfig, options: Options) -> int:
-    logging.basicConfig(
-        level=os.environ.get("TANGRAM_LOG", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from tangram import logfmt
+
+    logfmt.configure("controller", fmt=options.log_format, level=logfmt.env_level("INFO"))
     return asyncio.run(serve(config, options, own_process=True))

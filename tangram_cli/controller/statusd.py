@@ -13,17 +13,24 @@
   the agent stopped heartbeating),
   `agent_state` (up | lost | down), `heartbeat_age_s`, `reason`, `role` (cpu | gpu | cpu+gpu),
   `cpus_total`, `cpus_used`, `mem_total_mib`, `mem_reserved_mib`, `sandboxes`,
-  `sandboxes_busy`, `gpus_total`, `gpus_busy`, `gpu_mem_used_mib` (per GPU), `resident`
+  `sandboxes_busy`, `gpus_total`, `gpus_busy`, `gpu_mem_used_mib` (per GPU), `gpu_mem_mib` (each
+  GPU's memory) and `gpu_mem_total_mib` (on nodes with GPUs), `resident`
   (service@start+size), `executor`, `docker`, `cgroup`, `hostname`, `pid`, `version`, `numa`,
   `idle_cpus`, `gpu_uuids`, `agent_epoch`, `restarts`, `connected_s`, `inflight_requests`.
 - `services`: `service`, `runtime`, `model`, `gpu_mem_mib`, `chunk_sizes`, `load_s`,
   `resident` (instances), `inflight`, `queued`.
-- `apis`: `api`, `mode`, `limit`, `period_s`, `in_flight`, `used`, `queued`.
-- `queue`: waiting actions in FCFS order (at most `limit`): `action`, `pool`, `kind` (exec |
-  call | lease | open), `client` (tag), `owner` (its client's name), `state` ("PD"), `waited_s`,
-  `demand`, `reason`.
-- `actions`: running actions (at most `limit`): `action`, `kind`, `client` (tag), `owner`, `sandbox`,
-  `state` ("R", or "CG" once a kill was sent), `node`, `run_s`, `grant` (cores or GPUs).
+- `apis`: `api`, `mode` (concurrency | quota), `limit`, `in_flight` (leases held now), `used`
+  (quota: leases granted in the current period, 0 once it ended), `queued`; quota mode also
+  `period_s` and `period_left_s` (null outside a period).
+- `queue`: waiting actions in FCFS order (at most `limit`): `action`, `pool` (cpu | gpu | api:NAME),
+  `sandbox` (its sandbox, "" for calls and leases), `kind` (exec | call | lease | open), `client`
+  (tag), `owner` (its client's name: the CURVE key's, else the Hello's), `name` (the Hello's),
+  `state` ("PD"), `waited_s`, `demand`, `reason_code` (`busy`: the resources exist but are in use,
+  the core's "unschedulable", it will run; `never_fits`: no node could ever hold it, the core's
+  "unresolvable"; `pending`: admitted, about to start; `error`), `reason` (the core's words:
+  messages and shortfalls such as "cpus: requested 4, free 0 of 12 on local").
+- `actions`: running actions (at most `limit`): `action`, `kind`, `client` (tag), `owner`, `name`,
+  `sandbox`, `state` ("R", or "CG" once a kill was sent), `node`, `run_s`, `grant` (cores or GPUs).
 - `clients`: `client`, `name` (the Hello's), `owner` (the CURVE key's name, else `name`),
   `silent_s`, `connected_s`, `requests`, `outstanding` (requests without a final reply), `outbox`
   (final replies waiting to be sent), `held_bytes` (`holds.py`), `connected` (the session has a
@@ -159,15 +166,8 @@ def build_records(
     """Status records; `started` and `now` are on the controller's clock."""
     snap = core.snapshot(limit=limit)
     out: dict[str, Any] = {}
-    agents = {a["node"]: a for a in agent_rows}
-    owners = {r["client"]: r.get("owner") or r.get("name", "") for r in client_rows}  # tag -> name
-    busy_by_node: dict[str, int] = {}
-    for sb in sandboxes:
-        if sb.busy and not sb.closed:
-            busy_by_node[sb.node] = busy_by_node.get(sb.node, 0) + 1
+    who = _Who(client_rows)
     if "cluster" in sections:
-        all_counters = dict(snap.counters)
-        all_counters.update(counters)
         out["cluster"] = {
             "name": cluster,
             "proto": f"{protocol.PROTOCOL_MAJOR}.{protocol.PROTOCOL_MINOR}",
@@ -186,105 +186,180 @@ def build_records(
             "loop_lag_s": loop_lag_s,
             "events": events,
             "decide": decide or {},
-            "counters": all_counters,
+            "counters": {**dict(snap.counters), **counters},
         }
     if "nodes" in sections:
-        rows = []
-        names = sorted({n["node"] for n in snap.nodes} | set(agents))
-        by_name = {n["node"]: n for n in snap.nodes}
-        for name in names:
-            base = dict(
-                by_name.get(name)
-                or {
-                    "node": name,
-                    "cpus_total": 0,
-                    "cpus_used": 0,
-                    "mem_total_mib": 0,
-                    "mem_reserved_mib": 0,
-                    "sandboxes": 0,
-                    "gpus_total": 0,
-                    "gpus_busy": 0,
-                    "gpu_mem_used_mib": [],
-                    "resident": [],
-                }
-            )
-            agent = agents.get(name)
-            role = (
-                "+".join(r for r, n in (("cpu", base["cpus_total"]), ("gpu", base["gpus_total"])) if n) or "-"
-            )
-            base.update(
-                {"state": node_state(base, agent), "role": role, "sandboxes_busy": busy_by_node.get(name, 0)}
-            )
-            base.update(agent or {"agent_state": "unknown", "heartbeat_age_s": None, "reason": ""})
-            rows.append(base)
-        out["nodes"] = rows
+        out["nodes"] = _node_rows(core, snap, agent_rows, sandboxes)
     if "services" in sections:
-        svc_rows = []
-        conf = {s.name: s for s in services_conf}
-        running_calls: dict[str, int] = {}  # from the core: O(running), not O(everything unfinished)
-        for run in core.running.values():
-            if run.spec.kind == Kind.CALL:
-                running_calls[run.spec.service] = running_calls.get(run.spec.service, 0) + 1
-        queued_calls: dict[str, int] = {}
-        for w in core.queues.get("gpu", {}).values():
-            queued_calls[w.spec.service] = queued_calls.get(w.spec.service, 0) + 1
-        resident = [r for n in snap.nodes for r in n.get("resident", [])]
-        for s in snap.services:
-            name = s["service"]
-            spec = conf[name].spec if name in conf else {}
-            svc_rows.append(
-                {
-                    **s,
-                    "runtime": str(spec.get("runtime", "")),
-                    "model": str(spec.get("model", "")),
-                    "resident": [r for r in resident if r.split("@", 1)[0] == name],
-                    "inflight": running_calls.get(name, 0),
-                    "queued": queued_calls.get(name, 0),
-                }
-            )
-        out["services"] = svc_rows
+        out["services"] = _service_rows(core, snap, services_conf)
     if "apis" in sections:
-        out["apis"] = [dict(a) for a in snap.apis]
+        out["apis"] = [_api_row(core, a, max(now, snap.now)) for a in snap.apis]
     if "queue" in sections:
-        out["queue"] = [
-            {
-                "action": r.action_id,
-                "pool": r.pool,
-                "kind": r.kind,
-                "client": client_tag(r.client),
-                "owner": owners.get(client_tag(r.client), ""),
-                "state": "PD",
-                "waited_s": round(r.waited_s, 3),
-                "demand": r.demand,
-                "reason": r.status,
-            }
-            for r in snap.queue[:limit]
-        ]
+        out["queue"] = _queue_rows(snap, actions, who, limit)
     if "actions" in sections:
-        rows2 = []
-        for aid in core.running:  # running actions only: a long queue costs nothing here
-            rec = actions.get(aid)
-            if rec is None or rec.started is None or (rec.final_sent and rec.kind != "lease"):
-                continue
-            grant = (
-                list(rec.cores) if rec.kind == "exec" else list(rec.gpus) if rec.kind == "call" else rec.units
-            )
-            rows2.append(
-                {
-                    "action": rec.action_id,
-                    "kind": rec.kind,
-                    "client": client_tag(rec.client),
-                    "owner": owners.get(client_tag(rec.client), ""),
-                    "sandbox": rec.sandbox,
-                    "state": "CG" if rec.kill_reason else "R",
-                    "node": rec.node,
-                    "run_s": round(now - rec.started, 3),
-                    "grant": grant,
-                }
-            )
-            if len(rows2) >= limit:
-                break
-        out["actions"] = rows2
+        out["actions"] = _action_rows(core, actions, who, limit, now)
     if "clients" in sections:
         out["clients"] = client_rows[:limit]
+    return out
+
+
+class _Who:
+    """A client key -> ``client`` (its tag), ``owner`` and ``name`` (the Hello's), from the client rows."""
+
+    def __init__(self, client_rows: list[dict[str, Any]]) -> None:
+        self.owners = {r["client"]: r.get("owner") or r.get("name", "") for r in client_rows}
+        self.names = {r["client"]: r.get("name", "") for r in client_rows}
+
+    def __call__(self, key: str) -> dict[str, str]:
+        tag = client_tag(key)
+        return {"client": tag, "owner": self.owners.get(tag, ""), "name": self.names.get(tag, "")}
+
+
+def _queue_rows(snap: Any, actions: dict[str, Any], who: _Who, limit: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "action": r.action_id,
+            "pool": r.pool,
+            "sandbox": getattr(actions.get(r.action_id), "sandbox", "") or "",
+            "kind": r.kind,
+            **who(r.client),
+            "state": "PD",
+            "waited_s": round(r.waited_s, 3),
+            "demand": r.demand,
+            **_reason(r.status),
+        }
+        for r in snap.queue[:limit]
+    ]
+
+
+def _node_rows(
+    core: Scheduler, snap: Any, agent_rows: list[dict[str, Any]], sandboxes: list[Any]
+) -> list[dict[str, Any]]:
+    agents = {a["node"]: a for a in agent_rows}
+    busy_by_node: dict[str, int] = {}
+    for sb in sandboxes:
+        if sb.busy and not sb.closed:
+            busy_by_node[sb.node] = busy_by_node.get(sb.node, 0) + 1
+    rows = []
+    by_name = {n["node"]: n for n in snap.nodes}
+    for name in sorted(set(by_name) | set(agents)):
+        base = dict(
+            by_name.get(name)
+            or {
+                "node": name,
+                "cpus_total": 0,
+                "cpus_used": 0,
+                "mem_total_mib": 0,
+                "mem_reserved_mib": 0,
+                "sandboxes": 0,
+                "gpus_total": 0,
+                "gpus_busy": 0,
+                "gpu_mem_used_mib": [],
+                "resident": [],
+            }
+        )
+        agent = agents.get(name)
+        role = "+".join(r for r, n in (("cpu", base["cpus_total"]), ("gpu", base["gpus_total"])) if n) or "-"
+        base.update(
+            {"state": node_state(base, agent), "role": role, "sandboxes_busy": busy_by_node.get(name, 0)}
+        )
+        base.update(_gpu_mem(core, name))
+        base.update(agent or {"agent_state": "unknown", "heartbeat_age_s": None, "reason": ""})
+        rows.append(base)
+    return rows
+
+
+def _service_rows(core: Scheduler, snap: Any, services_conf: list[Any]) -> list[dict[str, Any]]:
+    svc_rows = []
+    conf = {s.name: s for s in services_conf}
+    running_calls: dict[str, int] = {}  # from the core: O(running), not O(everything unfinished)
+    for run in core.running.values():
+        if run.spec.kind == Kind.CALL:
+            running_calls[run.spec.service] = running_calls.get(run.spec.service, 0) + 1
+    queued_calls: dict[str, int] = {}
+    for w in core.queues.get("gpu", {}).values():
+        queued_calls[w.spec.service] = queued_calls.get(w.spec.service, 0) + 1
+    resident = [r for n in snap.nodes for r in n.get("resident", [])]
+    for s in snap.services:
+        name = s["service"]
+        spec = conf[name].spec if name in conf else {}
+        svc_rows.append(
+            {
+                **s,
+                "runtime": str(spec.get("runtime", "")),
+                "model": str(spec.get("model", "")),
+                "resident": [r for r in resident if r.split("@", 1)[0] == name],
+                "inflight": running_calls.get(name, 0),
+                "queued": queued_calls.get(name, 0),
+            }
+        )
+    return svc_rows
+
+
+def _action_rows(
+    core: Scheduler, actions: dict[str, Any], who: _Who, limit: int, now: float
+) -> list[dict[str, Any]]:
+    rows = []
+    for aid in core.running:  # running actions only: a long queue costs nothing here
+        rec = actions.get(aid)
+        if rec is None or rec.started is None or (rec.final_sent and rec.kind != "lease"):
+            continue
+        grant = list(rec.cores) if rec.kind == "exec" else list(rec.gpus) if rec.kind == "call" else rec.units
+        rows.append(
+            {
+                "action": rec.action_id,
+                "kind": rec.kind,
+                **who(rec.client),
+                "sandbox": rec.sandbox,
+                "state": "CG" if rec.kill_reason else "R",
+                "node": rec.node,
+                "run_s": round(now - rec.started, 3),
+                "grant": grant,
+            }
+        )
+        if len(rows) >= limit:
+            break
+    return rows
+
+
+# the core's codes (tangram/core/status.py) by what they mean to a reader of the queue
+_REASON_CODES = {
+    "unschedulable": "busy",
+    "unresolvable": "never_fits",
+    "error": "error",
+    "pending": "pending",
+}
+
+
+def _reason(status: str) -> dict[str, str]:
+    """``reason_code``: ``busy`` (the core's "unschedulable": the resources exist but are in use, it
+    will run), ``never_fits`` ("unresolvable": no node could ever hold it), ``pending`` (admitted,
+    about to start) or ``error``; ``reason``: the core's words after the code (shortfalls, messages)."""
+    head, _, rest = status.partition(";")
+    code = _REASON_CODES.get(head.strip())
+    if code is None:
+        return {"reason_code": "", "reason": status}
+    return {"reason_code": code, "reason": rest.strip()}
+
+
+def _gpu_mem(core: Scheduler, node: str) -> dict[str, int]:
+    """``gpu_mem_mib`` (each GPU's) and ``gpu_mem_total_mib`` of a node with GPUs; {} without."""
+    gpu = core.gpu.nodes.get(node)
+    if gpu is None or not gpu.count:
+        return {}
+    return {"gpu_mem_mib": gpu.mem_mib, "gpu_mem_total_mib": gpu.mem_mib * gpu.count}
+
+
+def _api_row(core: Scheduler, row: dict[str, Any], now: float) -> dict[str, Any]:
+    """The core's API row plus ``period_s`` (quota mode) and ``used`` counted in the current period
+    only (the core resets it at the next grant; a finished period shows 0, not its old count)."""
+    out = dict(row)
+    api = core.basic.apis.get(str(row.get("api")))
+    if api is None or api.mode != "quota":
+        return out
+    out["period_s"] = api.period_s
+    window = api.next_window()
+    if window is None or now >= window:
+        out["used"] = 0
+    out["period_left_s"] = round(window - now, 3) if window is not None and now < window else None
     return out

@@ -1,5 +1,8 @@
 """`tangram status` rendering: header, NODES / SERVICES / APIS / QUEUE tables (architecture.md section 8).
 
+QUEUE lists running actions first (``R``/``CG``, at most ``RUNNING_SHOWN`` unless wide) and then the
+waiting ones (``PD``), as squeue does, with a line on how many more there are.
+
 The controller's ``Status.records`` maps a section name to rows (dicts). The row schema belongs to
 the controller (docs/protocol.md), so every reader here is defensive: a missing key renders as
 ``-``, an unknown section is shown only with ``-o wide``, and aliases (``node``/``name``) are tried.
@@ -154,9 +157,7 @@ def _gpu_mem(r: Mapping[str, Any]) -> str:
         total = per * n if per is not None and n else None
     if not first(r, "gpus_total"):
         return "-"
-    if total is None:
-        return mib(used) if used is not None else "-"
-    return f"{mib(used) if used is not None else '-'}/{mib(total)}"
+    return f"{mib(used) if used is not None else '-'}/{mib(total) if total is not None else '-'}"
 
 
 NODE_COLS: list[Col] = [
@@ -216,44 +217,138 @@ SERVICE_COLS: list[Col] = [
 API_COLS: list[Col] = [
     ("API", lambda r: str(first(r, "api", "name", default="?"))),
     ("MODE", lambda r: str(first(r, "mode", default="-"))),
-    (
-        "INFLIGHT(u/l)",
-        lambda r: (
-            _frac(first(r, "in_flight", "inflight"), first(r, "limit"))
-            if first(r, "mode") != "quota"
-            else _listish(first(r, "in_flight", "inflight"))
-        ),
-    ),
-    (
-        "USED/PERIOD",
-        lambda r: (
-            (
-                f"{_listish(first(r, 'used'))}/{_listish(first(r, 'limit'))}"
-                f" per {seconds(first(r, 'period_s'))}"
-            )
-            if first(r, "mode") == "quota"
-            else _listish(first(r, "used"))
-        ),
-    ),
+    ("USED/LIMIT", lambda r: _api_use(r)),
+    ("INFLIGHT", lambda r: _listish(first(r, "in_flight", "inflight"))),
     ("QUEUE", lambda r: _listish(first(r, "queued", "queue"))),
     ("REJECTED(5m)", lambda r: _listish(first(r, "rejected", "rejected_5m"))),
 ]
+
+
+def _api_use(r: Mapping[str, Any]) -> str:
+    """``3/16 concurrent`` (leases held now, concurrency mode) or ``120/3000 per 60s`` (leases granted
+    in the current period, quota mode)."""
+    mode, limit = first(r, "mode"), first(r, "limit")
+    if mode == "quota":
+        period = _num(first(r, "period_s"))
+        return f"{_listish(first(r, 'used'))}/{_listish(limit)} per {period_text(period) if period else '?'}"
+    if mode == "concurrency":
+        return f"{_listish(first(r, 'in_flight', 'inflight'))}/{_listish(limit)} concurrent"
+    return _frac(first(r, "used", "in_flight", "inflight"), limit)
+
+
+def period_text(s: float) -> str:
+    """A quota period as a duration the CLI reads back: 60 -> 60s, 3600 -> 1h, 300 -> 5m, 0.5 -> 500ms."""
+    if s < 1:
+        return f"{s * 1000:g}ms"
+    if s >= 3600 and s % 3600 == 0:
+        return f"{s / 3600:g}h"
+    if s > 60 and s % 60 == 0:
+        return f"{s / 60:g}m"
+    return f"{s:g}s"
+
+
 QUEUE_COLS: list[Col] = [
     ("ACTION", lambda r: str(first(r, "action_id", "action", "id", default="?"))),
-    ("CLIENT", lambda r: _client(r)),
-    ("SANDBOX", lambda r: str(first(r, "sandbox", "pool", default="-"))),
+    ("CLIENT", lambda r: client_label(r)),
+    ("SANDBOX", lambda r: str(first(r, "sandbox", default="") or "-")),
     ("KIND", lambda r: str(first(r, "kind", default="-"))),
     ("ST", lambda r: _st(first(r, "st", "state", "status", default="PD"))),
-    ("WAIT", lambda r: seconds(first(r, "waited_s", "wait_s"))),
-    ("DEMAND", lambda r: str(first(r, "demand", default="-"))),
-    ("NODE(REASON)", lambda r: str(first(r, "node", "reason", default="-"))),
+    ("TIME", lambda r: seconds(first(r, "run_s", "waited_s", "wait_s"))),
+    ("RESOURCES", lambda r: _resources(r)),
+    ("NODE(REASON)", lambda r: str(first(r, "node", default="") or reason_text(r))),
 ]
+RUNNING_SHOWN = 10  # running actions listed by default (-a / -o wide: every row fetched)
 
 
-def _client(r: Mapping[str, Any]) -> str:
-    """A client as status names it: its name and its short tag (never an identity: sessions.py)."""
-    tag, owner = first(r, "client", default="-"), first(r, "owner", default="")
-    return f"{owner} ({tag})" if owner else str(tag)
+def client_label(r: Mapping[str, Any]) -> str:
+    """A client as status names it: its name (the CURVE key's name, then the Hello's when they differ)
+    and its short tag; just the tag without a name. Never a whole identity (sessions.py)."""
+    tag = str(first(r, "client", default="") or "")
+    if len(tag) > 8 and all(c in "0123456789abcdef" for c in tag.lower()):
+        tag = tag[:6]  # an older controller's full client key: the tag is its first 6 digits
+    owner, name = str(first(r, "owner", default="") or ""), str(first(r, "name", default="") or "")
+    label = f"{owner}/{name}" if owner and name and owner != name else owner or name
+    if not label:
+        return tag or "-"
+    return f"{label} ({tag})" if tag else label
+
+
+# the core's wait codes (tangram/core/status.py) as status shows them: "unschedulable" there means
+# "the resources exist but are busy: wait"; only "unresolvable" means it can never fit
+_REASON_WORDS = {
+    "busy": "waiting",
+    "unschedulable": "waiting",
+    "never_fits": "unschedulable",
+    "unresolvable": "unschedulable",
+    "error": "error",
+}
+
+
+def reason_code(r: Mapping[str, Any]) -> str:
+    """``pending``, ``busy``, ``never_fits`` or ``error``: the record's ``reason_code``, else read from an
+    older controller's ``reason`` ("unschedulable; cpus: ..."); "" when it says none."""
+    code = first(r, "reason_code")
+    if isinstance(code, str) and code:
+        return code
+    head = str(first(r, "reason", default="") or "").split(";", 1)[0].strip()
+    codes = {"unschedulable": "busy", "unresolvable": "never_fits", "error": "error", "admitted": "pending"}
+    return codes.get(head, "pending" if head == "pending" else "")
+
+
+def reason_text(r: Mapping[str, Any]) -> str:
+    """Why a waiting action waits: ``waiting (cpus: requested 4, free 0 of 12 on local)``; only an action
+    no node could ever hold reads ``unschedulable (...)``."""
+    code = reason_code(r)
+    text = str(first(r, "reason", default="") or "")
+    head, _, rest = text.partition(";")
+    if head.strip() in ("unschedulable", "unresolvable", "error", "pending", "admitted"):
+        text = rest.strip()
+    if not code:
+        return text or "-"
+    if code == "pending":
+        return "pending" + (f" ({text})" if text else "")
+    word = _REASON_WORDS.get(code, code)
+    return f"{word} ({text})" if text else word
+
+
+def _resources(r: Mapping[str, Any]) -> str:
+    """A running action's grant (``cores 0-3``, ``gpus 0,1``, ``1 unit``), else the demand it waits with."""
+    grant = first(r, "grant")
+    if grant is None or grant == []:
+        return str(first(r, "demand", default="-") or "-")
+    kind = first(r, "kind")
+    if isinstance(grant, list) and kind in ("exec", "call"):
+        from tangram.units import format_cpulist
+
+        ids = [g for g in grant if isinstance(g, int) and not isinstance(g, bool) and g >= 0]
+        listed = format_cpulist(sorted(set(ids))) if len(ids) == len(grant) else _listish(grant)
+        return f"{'cores' if kind == 'exec' else 'gpus'} {listed}"
+    if _num(grant) is not None:
+        return f"{_short(grant)} unit{'s' if grant != 1 else ''}"
+    return _listish(grant)
+
+
+def action_rows(records: Mapping[str, Any], *, wide: bool) -> tuple[list[dict[str, Any]], str]:
+    """Running actions (at most RUNNING_SHOWN unless ``wide``) then waiting ones, as squeue lists
+    them; and a line on what is not shown ("" when everything is)."""
+    running = rows(records, "actions")
+    waiting = rows(records, "queue")
+    shown = running if wide else running[:RUNNING_SHOWN]
+    meta = records.get("cluster") if isinstance(records.get("cluster"), dict) else {}
+    n_running = _num(first(meta, "running"))
+    n_waiting = _num(first(meta, "queue", "queued"))
+    more_r = max(0, int(n_running if n_running is not None else len(running)) - len(shown))
+    more_w = max(0, int(n_waiting if n_waiting is not None else len(waiting)) - len(waiting))
+    parts = []
+    if more_r:
+        parts.append(f"{more_r} more running")
+    if more_w:
+        parts.append(f"{more_w} more waiting")
+    note = ""
+    if parts:
+        how = "-a shows every row fetched, --limit N fetches more" if not wide else "--limit N fetches more"
+        note = f"... and {', '.join(parts)} ({how})"
+    return [*shown, *waiting], note
 
 
 def _st(v: Any) -> str:
@@ -283,6 +378,9 @@ def summary(
         qlen = _num(records.get("queued"))
     if qlen is None:
         qlen = len(queue)
+    running = _num(first(meta, "running")) if meta else None
+    if running is None:
+        running = len(rows(records, "actions"))
     p50 = _num(first(meta, "wait_p50_s", "p50_wait_s"))
     if p50 is None:
         p50 = _num(records.get("wait_p50_s"))
@@ -300,6 +398,7 @@ def summary(
         "uptime_s": uptime,
         "agents_healthy": sum(1 for r in nodes if healthy(r)),
         "agents_total": len(nodes),
+        "running": int(running),
         "queue": int(qlen),
         "wait_p50_s": p50,
         "proto": str(proto),
@@ -311,7 +410,8 @@ def header_line(s: Mapping[str, Any]) -> str:
     p50 = f" (p50 wait {seconds(s['wait_p50_s'])})" if s.get("wait_p50_s") is not None else ""
     return (
         f"cluster {s['cluster']}  controller {s['controller']}  up {up}  "
-        f"agents {s['agents_healthy']}/{s['agents_total']}  queue {s['queue']}{p50}  proto {s['proto']}"
+        f"agents {s['agents_healthy']}/{s['agents_total']}  running {s.get('running', 0)}  "
+        f"queue {s['queue']}{p50}  proto {s['proto']}"
     )
 
 
@@ -364,15 +464,19 @@ def tables(
         cols = NODE_COLS + (NODE_WIDE if wide else [])
         if nodes:
             out.append(("NODES", ["NODE", *[c[0] for c in cols]], collapse_nodes(nodes, cols)))
-    for name, cols in (("services", SERVICE_COLS), ("apis", API_COLS), ("queue", QUEUE_COLS)):
+    for name, cols in (("services", SERVICE_COLS), ("apis", API_COLS)):
         if name not in want:
             continue
         rs_ = rows(records, name)
         if rs_:
             out.append((name.upper(), [c[0] for c in cols], [[fn(r) for _, fn in cols] for r in rs_]))
+    if "queue" in want:
+        acts, _note = action_rows(records, wide=wide)
+        if acts:
+            out.append(("QUEUE", [c[0] for c in QUEUE_COLS], [[fn(r) for _, fn in QUEUE_COLS] for r in acts]))
     if wide:
         for name in sorted(records):
-            if name in KNOWN_SECTIONS or name in ("controller", "header", "cluster"):
+            if name in KNOWN_SECTIONS or name in ("actions", "controller", "header", "cluster"):
                 continue
             rs_ = rows(records, name)
             if rs_:
@@ -416,7 +520,8 @@ def renderable(
         for r in body:
             t.add_row(*r)
         parts.append(t)
-        del title
+        if title == "QUEUE" and (note := action_rows(records, wide=wide)[1]):
+            parts.append(Text(note, style="dim"))
     if len(parts) == 1:
         parts.append(Text("no nodes registered yet", style="dim"))
     return Group(*parts)
