@@ -27,7 +27,10 @@ CLUSTER = [
     "numpy>=1.24",
     "prometheus-client>=0.17",  # the controller's metrics endpoint (tangram_cli/controller/metrics_http.py)
 ]
-TEST = ["pytest>=7.4", "pytest-timeout>=2.2", "pytest-asyncio>=0.23", "hypothesis>=6.90"]
+# skyrl-gym: tests/integrations/test_skyrl.py runs the env against the real BaseTextEnv (verl needs
+# torch and ray, and its wheel ships a top-level `tests` package: tested in a side venv only,
+# docs/integrations.md).
+TEST = ["pytest>=7.4", "pytest-timeout>=2.2", "pytest-asyncio>=0.23", "hypothesis>=6.90", "skyrl-gym>=0.4"]
 
 setup(
     name="tangram-rl",
