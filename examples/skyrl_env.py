@@ -16,36 +16,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from _calc_task import FILES  # examples/_calc_task.py (beside this script)
+
 from tangram.integrations import skyrl
-
-RUN_TESTS = """\
-import sys
-from multiprocessing import Pool
-
-sys.dont_write_bytecode = True  # a fix of the same size within a second must not meet a stale .pyc
-
-CASES = [((1, 2), 3), ((0, 0), 0), ((-1, 1), 0), ((2, 2), 4)]
-
-
-def check(case):
-    import calc
-
-    args, want = case
-    return calc.add(*args) == want
-
-
-if __name__ == "__main__":
-    workers = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-    with Pool(workers) as pool:
-        results = pool.map(check, CASES)
-    passed = sum(results)
-    print(f"{passed} passed, {len(results) - passed} failed (workers={workers})")
-    sys.exit(0 if passed == len(results) else 1)
-"""
 
 # One dataset row's extras (SkyRL passes them to the env; the generator adds max_turns).
 EXTRAS = {
-    "extra_info": {"files": {"calc.py": "def add(a, b):\n    return a - b\n", "run_tests.py": RUN_TESTS}},
+    "extra_info": {"files": FILES},
     "max_turns": 6,
 }
 ACTIONS = [

@@ -21,34 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from _calc_task import FILES  # examples/_calc_task.py (beside this script)
+
 from tangram.integrations import verl
 
 # The task a dataset row would carry in `extra_info.tools_kwargs.bash.create_kwargs`.
-RUN_TESTS = """\
-import sys
-from multiprocessing import Pool
-
-sys.dont_write_bytecode = True  # a fix of the same size within a second must not meet a stale .pyc
-
-CASES = [((1, 2), 3), ((0, 0), 0), ((-1, 1), 0), ((2, 2), 4)]
-
-
-def check(case):
-    import calc
-
-    args, want = case
-    return calc.add(*args) == want
-
-
-if __name__ == "__main__":
-    workers = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-    with Pool(workers) as pool:
-        results = pool.map(check, CASES)
-    passed = sum(results)
-    print(f"{passed} passed, {len(results) - passed} failed (workers={workers})")
-    sys.exit(0 if passed == len(results) else 1)
-"""
-TASK = {"files": {"calc.py": "def add(a, b):\n    return a - b\n", "run_tests.py": RUN_TESTS}}
+TASK = {"files": FILES}
 
 # What the policy model "calls", one tool call per turn.
 CALLS = [

@@ -9,16 +9,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-import zmq
 from click.testing import CliRunner
 
-from tangram import protocol
 from tangram_cli import state as st
 from tangram_cli.main import cli
+from tests.cli.fake_status import FakeStatus
 
 
 @pytest.fixture
@@ -91,33 +89,6 @@ RECORDS = {
 }
 
 
-class FakeStatus:
-    """A ROUTER that answers StatusReq with RECORDS, like the controller's status socket."""
-
-    def __init__(self) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            if not self.sock.poll(50):
-                continue
-            ident, *frames = self.sock.recv_multipart()
-            env = protocol.decode(frames)
-            if isinstance(env.msg, protocol.StatusReq):
-                self.sock.send_multipart([ident, *protocol.encode(protocol.Status(RECORDS), env.request_id)])
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(2)
-        self.sock.close(0)
-        self.ctx.term()
-
 
 @pytest.fixture
 def fake_pid():
@@ -130,7 +101,7 @@ def fake_pid():
 
 @pytest.fixture
 def fake_cluster(home: Path, fake_pid: int):
-    server = FakeStatus()
+    server = FakeStatus(RECORDS)
     with st.locked("fake"):
         st.write(
             st.ClusterState(

@@ -110,9 +110,11 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def test_every_example_has_a_run() -> None:
-    scripts = {p.name for p in EXAMPLES_DIR.glob("*.py")}
+    scripts = {p.name for p in EXAMPLES_DIR.glob("*.py") if not p.name.startswith("_")}  # _x.py: shared parts
     assert scripts == set(EXAMPLES), "add each script of examples/ to EXAMPLES (and drop removed ones)"
-    assert {p.name for p in EXAMPLES_DIR.iterdir()} == scripts | {"local-cluster.json"}
+    shared = {p.name for p in EXAMPLES_DIR.glob("_*.py")}
+    found = {p.name for p in EXAMPLES_DIR.iterdir()} - {"__pycache__"}
+    assert found == scripts | shared | {"local-cluster.json"}
 
 
 @pytest.mark.parametrize("script", sorted(EXAMPLES))

@@ -7,17 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
 from click.testing import CliRunner
 
-from tangram import protocol
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, Kind
 from tangram.core.resources import CPU, Demand, api_resource
@@ -26,6 +23,7 @@ from tangram_cli import state as st
 from tangram_cli.controller.statusd import build_records
 from tangram_cli.main import cli
 from tangram_cli.render import status as rs
+from tests.cli.fake_status import FakeStatus
 
 KEY = "3fa2b1" + "c0" * 13  # the core's client key: 32 hex digits
 NOBODY = "9e8d7c" + "11" * 13  # a client status has no row for (gone)
@@ -129,35 +127,6 @@ def test_records_name_the_sandbox_the_client_the_wait_and_the_totals() -> None:
 
 # ---------------------------------------------------------------- the tables, through `tangram status`
 
-
-class FakeStatus:
-    """A ROUTER answering StatusReq with fixed records, like the controller's status socket."""
-
-    def __init__(self, records: dict[str, Any]) -> None:
-        self.records = records
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            if not self.sock.poll(50):
-                continue
-            ident, *frames = self.sock.recv_multipart()
-            env = protocol.decode(frames)
-            if isinstance(env.msg, protocol.StatusReq):
-                reply = protocol.encode(protocol.Status(self.records), env.request_id)
-                self.sock.send_multipart([ident, *reply])
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(2)
-        self.sock.close(0)
-        self.ctx.term()
 
 
 @pytest.fixture
