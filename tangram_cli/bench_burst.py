@@ -11,7 +11,7 @@ common go, then submits its share of `--actions` as concurrent `sb.exec("true")`
 once. It counts final replies per request id on the wire (each request must get exactly one),
 errors by code, its resends after reconnects and its RetryLater retries.
 
-Figures only; the goals (issue 9) are printed next to them, never asserted.
+Figures only; the goals (issue 9) are printed next to them with PASS/FAIL, never asserted.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 import click
 
 from tangram_cli.bench_agents import start_bench_agents
+from tangram_cli.bench_goals import at_least, at_most, styled, summary
 from tangram_cli.bench_procs import (
     ControllerProc,
     Procs,
@@ -315,6 +316,37 @@ def run_burst(
     return out
 
 
+def goals_met(doc: dict[str, Any]) -> dict[str, bool | None]:
+    """Each goal's PASS (True) / FAIL (False) / not measured (None) for a run's document."""
+    c = doc.get("controller", {})
+    st = c.get("status", {})
+    instant = str(doc.get("agent", "")).startswith("instant")
+    done = doc.get("completed")
+    return {
+        "all_completed": None if done is None else done == doc.get("actions"),
+        "none_failed": None if "failed" not in doc else not doc["failed"],
+        "answered_once": doc.get("answered_once_ok"),
+        "status_answer_max_s": at_most(st.get("answer_max_s"), GOALS["status_answer_max_s"]),
+        "controller_rss_peak_mib": at_most(c.get("rss_peak_mib"), GOALS["controller_rss_peak_mib"]),
+        "resent_fraction": at_most(doc.get("resent_fraction"), GOALS["resent_fraction"]),
+        "instant_actions_per_s": (
+            at_least(doc.get("actions_per_s"), GOALS["instant_actions_per_s"]) if instant else None
+        ),
+    }
+
+
+# table row (figure) -> the goal it is checked against
+_ROW_GOAL = {
+    "completed": "all_completed",
+    "failed (by code)": "none_failed",
+    "answered exactly once": "answered_once",
+    "actions/s": "instant_actions_per_s",
+    "status answer max / p99": "status_answer_max_s",
+    "controller RSS peak": "controller_rss_peak_mib",
+    "resent frames / requests": "resent_fraction",
+}
+
+
 def _rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(figure, measured, goal) rows of the table."""
     c = doc.get("controller", {})
@@ -371,11 +403,14 @@ def _print(doc: dict[str, Any]) -> None:
         return
     title = f"tangram bench burst: {doc['actions']} no-op execs, {doc['clients']} clients ({doc['agent']})"
     table = Table(title=title)
-    for col in ("figure", "measured", "goal"):
+    met = goals_met(doc)
+    for col in ("figure", "measured", "goal", "met"):
         table.add_column(col, justify="left" if col == "figure" else "right")
     for row in _rows(doc):
-        table.add_row(*row)
+        goal = _ROW_GOAL.get(row[0])
+        table.add_row(*row, styled(met[goal]) if goal else "")
     console.print(table)
+    console.print(summary(met), markup=False, highlight=False)
     c = doc.get("controller", {})
     for line in [*(c.get("log", {}).get("first") or []), *doc.get("client_errors", [])]:
         console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
@@ -439,6 +474,8 @@ def burst(
     """No-op execs submitted all at once by several client processes, against a local agent."""
     doc = run_burst(clients, actions, sandboxes, instant, agent_cores, timeout, logs)
     if as_json:
+        if "completed" in doc:
+            doc["met"] = goals_met(doc)
         click.echo(json.dumps({"burst": doc}, indent=2, default=str))
     else:
         _print(doc)

@@ -46,6 +46,7 @@ from tangram_cli.bench_chaos_cluster import (
     quit_clients,
     wait_until,
 )
+from tangram_cli.bench_goals import styled, summary
 from tangram_cli.bench_procs import Procs, bench_workdir, logs_and_json, pct, wait_nodes
 
 KINDS = ("agent", "controller", "client", "agent-restart")
@@ -445,7 +446,7 @@ ROWS: list[tuple[str, str, Any]] = [
     ("cores leaked", "0", lambda k, f: str(f["cores_leaked"])),
     ("recover p50/max s", "in cell", _recover),
     ("errors (allowed)", "", lambda k, f: str(sum(f["errors"].values()))),
-    ("met", "", lambda k, f: "yes" if f["met"] else "no"),
+    ("met", "all", lambda k, f: styled(f["met"])),
 ]
 
 
@@ -467,6 +468,8 @@ def _print(doc: dict[str, Any]) -> None:
     for name, goal, cell in ROWS:
         table.add_row(name, goal, *(cell(kind, fig) for kind, fig in by_kind.items()))
     console.print(table)
+    if by_kind:
+        console.print(summary({k: f.get("met") for k, f in by_kind.items()}), markup=False, highlight=False)
     for kind, fig in by_kind.items():
         d = fig["detail"]
         errors = " ".join(f"{c} {n}" for c, n in fig["errors"].items()) or "none"

@@ -25,7 +25,7 @@ Measured, in one run per executor:
   and a plain `os.posix_spawn` loop (vfork + exec, reaped through pidfds) at the same
   concurrency. `ratio_to_raw_spawn` is the throughput over the asyncio baseline.
 
-Figures only; the goals (issue 9) are printed next to them, never asserted.
+Figures only; the goals (issue 9) are printed next to them with PASS/FAIL, never asserted.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from typing import Any
 
 import click
 
+from tangram_cli.bench_goals import at_least, at_most, styled, summary
 from tangram_cli.bench_procs import ControllerProc, proc_cpu_s, start_real_agent, wait_nodes
 
 GOALS = {
@@ -382,6 +383,13 @@ _FIGURES = (
 )
 
 
+def goals_met(row: dict[str, Any]) -> dict[str, bool | None]:
+    """One executor's goals: PASS (True) / FAIL (False) / not measured (None)."""
+    goals = GOALS.get(row.get("executor", ""), {})
+    checks = {"latency_p50_ms": at_most, "throughput_actions_per_s": at_least, "ratio_to_raw_spawn": at_least}
+    return {key: checks[key](row.get(key), limit) for key, limit in goals.items()}
+
+
 def _cell(row: dict[str, Any], keys: tuple[str, ...], number: str, unit: str) -> str:
     values = [row.get(k) for k in keys]
     if all(v is None for v in values):
@@ -403,11 +411,18 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         table.add_column(r["executor"], justify="right")
     table.add_column("goal (process; docker)", justify="right")
+    met = [goals_met(r) for r in rows]
     for label, keys, number, unit, goal_key, goal_text in _FIGURES:
         goals = "; ".join(goal_text.format(g[goal_key]) for g in GOALS.values() if goal_key in g)
-        table.add_row(label, *(_cell(r, keys, number, unit) for r in rows), goals or "-")
+        cells = [
+            _cell(r, keys, number, unit) + (f" {styled(m[goal_key])}" if goal_key in m else "")
+            for r, m in zip(rows, met, strict=True)
+        ]
+        table.add_row(label, *cells, goals or "-")
     console = Console()
     console.print(table)
+    for r, m in zip(rows, met, strict=True):
+        console.print(f"{r['executor']}: {summary(m)}", markup=False, highlight=False)
     if rows:
         console.print(f"layout: {first['layout_detail']}", markup=False, highlight=False)
         console.print(f"security: {first.get('security', 'plain')}", markup=False, highlight=False)
@@ -506,6 +521,8 @@ def dispatch(
 
     rows = asyncio.run(run_all())
     if as_json:
+        for r in rows:
+            r["met"] = goals_met(r)
         click.echo(json.dumps({"dispatch": rows}, indent=2, default=str))
     else:
         _print_table(rows)

@@ -33,6 +33,7 @@ import click
 
 from tangram_cli.bench_agents import start_bench_agents
 from tangram_cli.bench_burst import FinalCounter
+from tangram_cli.bench_goals import at_most, styled, summary
 from tangram_cli.bench_procs import (
     ControllerProc,
     Procs,
@@ -307,6 +308,35 @@ def _fmt(v: Any, unit: str = "") -> str:
     return f"{v:.3g}{unit}" if isinstance(v, float) else f"{v}{unit}"
 
 
+def goals_met(doc: dict[str, Any]) -> dict[str, bool | None]:
+    """Each goal's PASS (True) / FAIL (False) / not measured (None) for a run's document."""
+    c = doc.get("controller", {})
+    st, decide = c.get("status", {}), c.get("decide") or {}
+    lost = c.get("counters", {}).get("agents_lost")
+    restarts = c.get("agent_restarts")
+    return {
+        "all_completed": doc.get("all_completed"),
+        "none_failed": None if "failed" not in doc else not doc["failed"],
+        "answered_once": doc.get("answered_once_ok"),
+        "decide_p99_ms": at_most(decide.get("p99_ms"), GOALS["decide_p99_ms"]),
+        "decide_p99_ms_highest_sample": at_most(st.get("decide_p99_max_ms"), GOALS["decide_p99_ms"]),
+        "status_answer_max_s": at_most(st.get("answer_max_s"), 1.0),
+        "no_agent_lost": None if lost is None or restarts is None else lost == 0 and restarts == 0,
+    }
+
+
+# table row (figure) -> the goal it is checked against
+_ROW_GOAL = {
+    "actions completed": "all_completed",
+    "failed (by code)": "none_failed",
+    "answered exactly once": "answered_once",
+    "decide p50 / p99 / max (last 4096)": "decide_p99_ms",
+    "decide p99, highest sample": "decide_p99_ms_highest_sample",
+    "status answer max": "status_answer_max_s",
+    "agents lost / restarts": "no_agent_lost",
+}
+
+
 def _rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(figure, measured, goal) rows of the table."""
     c = doc.get("controller", {})
@@ -355,11 +385,14 @@ def _print(doc: dict[str, Any]) -> None:
         title=f"tangram bench scale: {doc['agents']} agents x {doc['cores_per_agent']} cores, "
         f"{doc['workload']} batch {doc['batch']}, time / {doc['time_scale']:g}"
     )
-    for col in ("figure", "measured", "goal"):
+    met = goals_met(doc)
+    for col in ("figure", "measured", "goal", "met"):
         table.add_column(col, justify="left" if col == "figure" else "right")
     for row in _rows(doc):
-        table.add_row(*row)
+        goal = _ROW_GOAL.get(row[0])
+        table.add_row(*row, styled(met[goal]) if goal else "")
     console.print(table)
+    console.print(summary(met), markup=False, highlight=False)
     c = doc.get("controller", {})
     for line in [*(c.get("log", {}).get("first") or []), *doc.get("client_errors", [])]:
         console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
@@ -425,6 +458,8 @@ def scale(
         agents, cores, batch, time_scale, client_procs, agent_procs, max_turns, seed, timeout, logs
     )
     if as_json:
+        if "completed" in doc:
+            doc["met"] = goals_met(doc)
         click.echo(json.dumps({"scale": doc}, indent=2, default=str))
     else:
         _print(doc)

@@ -178,9 +178,11 @@ def command(
             "tangram: cores per action (elastic test runs); static: k cores held per trajectory "
             "from sandbox open to close (a pod per trajectory). ACT = queueing + run time."
         )
-        r = summary["static_over_tangram"].get("mean_act_s")
-        if r:
-            click.echo(f"mean ACT: Tangram is {r:.2f}x faster than the static per-trajectory allocation")
+        from tangram_cli.demo_workload import speed_sentence
+
+        line = speed_sentence(summary["static_over_tangram"].get("mean_act_s"))
+        if line:
+            click.echo(line)
     if any(res.failed for res in results.values()):
         for res in results.values():
             for e in res.errors[:3]:

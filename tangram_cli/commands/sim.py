@@ -7,7 +7,6 @@ tangram sim --experiment fig8-cpu --plot fig8cpu.png
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +243,21 @@ def command(
     _runs(workload, batch or 256, policies, steps, seed, spec, as_json, plot, journal_dir)
 
 
+def _open_journal(journal_dir: str, workload: str, name: str, batch: int, seed: int) -> Any:
+    from tangram.journal import Journal
+
+    Path(journal_dir).mkdir(parents=True, exist_ok=True)
+    safe = name.replace(":", "_").replace("+", "_")
+    return Journal.to_path(
+        Path(journal_dir) / f"{workload.replace('+', '_')}-{safe}.jsonl",
+        source="sim",
+        workload=workload,
+        policy=name,
+        batch=batch,
+        seed=seed,
+    )
+
+
 def _runs(
     workload: str,
     batch: int,
@@ -255,7 +269,6 @@ def _runs(
     plot: str | None,
     journal_dir: str | None,
 ) -> None:
-    from tangram.journal import Journal
     from tangram.sim import workloads
     from tangram.sim.baselines import parse_policy
     from tangram.sim.engine import Engine
@@ -267,20 +280,9 @@ def _runs(
     parsed = [parse_policy(p) for p in names]  # all errors before any run
     doc: dict[str, dict[str, Any]] = {}
     with _Bar(quiet=verbosity()[1] > 0) as bar:
-        for name, pol in zip(names, parsed, strict=True):
-            bar.start(f"{wl.name} x{batch} {name}", batch * steps)
-            journal = None
-            if journal_dir:
-                Path(journal_dir).mkdir(parents=True, exist_ok=True)
-                safe = name.replace(":", "_").replace("+", "_")
-                journal = Journal.to_path(
-                    Path(journal_dir) / f"{wl.name.replace('+', '_')}-{safe}.jsonl",
-                    source="sim",
-                    workload=wl.name,
-                    policy=name,
-                    batch=batch,
-                    seed=seed,
-                )
+        for i, (name, pol) in enumerate(zip(names, parsed, strict=True), 1):
+            bar.start(f"[{i}/{len(names)}] {wl.name} x{batch} {name}", batch * steps)
+            journal = _open_journal(journal_dir, wl.name, name, batch, seed) if journal_dir else None
             try:
                 r = Engine(
                     wl,
@@ -310,34 +312,58 @@ def _runs(
 
 def _experiment(name: str, seed: int, spec: Any, batch: int | None, as_json: bool, plot: str | None) -> None:
     from tangram.sim.experiments import run_experiment
+    from tangram.sim.report import RunProgress, planned_runs
 
     quiet = verbosity()[1] > 0
-    with _Bar(quiet=quiet) as bar:
-
-        def note(label: str) -> None:
-            bar.start(label)
-            if not quiet and (bar.progress is None or not sys.stderr.isatty()):
-                click.echo(label, err=True)
-
-        doc = run_experiment(name, seed, spec, note, batch)
+    nodes = spec.cpu_nodes if spec is not None else 15
+    progress = RunProgress(planned_runs(name, nodes), lambda line: quiet or click.echo(line, err=True))
+    doc = run_experiment(name, seed, spec, progress.note, batch)
     if plot:
         from tangram.sim.plots import plot_experiment
 
         plot_experiment(doc, plot)
     if as_json:
+        from tangram.sim.report import compare
+
+        doc["vs_paper"] = [r.as_dict() for r in compare(doc)]
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
-    rows = doc["rows"]
-    t = Table(title=f"{name} (simulated, seed {seed})")
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 200))
+    console.print(_runs_table(doc, f"{name} (simulated, seed {seed})"))
+    console.print(_paper_table(doc))
+
+
+def _runs_table(doc: dict[str, Any], title: str) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title)
     for col in _EXPERIMENT_COLUMNS:
-        t.add_column(col, justify="right" if col not in ("workload", "policy") else "left")
-    for r in rows + doc.get("gpu_sweep", []) + doc.get("cpu_sweep", []):
-        t.add_row(
-            *[_fmt(r.get(c, "")) for c in _EXPERIMENT_COLUMNS]
-        )
-    console.print(t)
-    console.print_json(json.dumps({"paper": doc["paper"], "ours": doc["ours"]}))
+        t.add_column(col, justify="left" if col in ("workload", "policy") else "right", overflow="fold")
+    for r in doc["rows"] + doc.get("gpu_sweep", []) + doc.get("cpu_sweep", []):
+        t.add_row(*[_fmt(r.get(c, "")) for c in _EXPERIMENT_COLUMNS])
+    return t
+
+
+def _paper_table(doc: dict[str, Any]) -> Any:
+    """Ours next to the paper's, with the ratio and a flag beyond the tolerance."""
+    from rich.table import Table
+
+    from tangram.sim.report import TOLERANCE, compare, fmt_value
+
+    t = Table(
+        title=f"{doc['experiment']}: ours vs the paper (OFF: ours / paper outside ±{TOLERANCE:.0%}; "
+        "reasons in docs/simulator.md §4)"
+    )
+    t.add_column("result", overflow="fold")
+    for col in ("ours", "paper", "ours / paper", "check"):
+        t.add_column(col, justify="right", overflow="fold")
+    t.add_column("why (docs/simulator.md)", overflow="fold")
+    for r in compare(doc):
+        ratio = "" if r.ratio is None else f"{r.ratio:.2f}"
+        check = f"[bold red]{r.check}[/]" if r.check == "OFF" else r.check
+        t.add_row(r.result, fmt_value(r.ours), fmt_value(r.paper), ratio, check, r.note)
+    return t
