@@ -30,7 +30,8 @@ CLUSTER = [
 # skyrl-gym: tests/integrations/test_skyrl.py runs the env against the real BaseTextEnv (verl needs
 # torch and ray, and its wheel ships a top-level `tests` package: tested in a side venv only,
 # docs/integrations.md).
-TEST = ["pytest>=7.4", "pytest-timeout>=2.2", "pytest-asyncio>=0.23", "hypothesis>=6.90", "skyrl-gym>=0.4"]
+TEST = ["pytest>=7.4", "pytest-timeout>=2.2", "pytest-asyncio>=0.23", "hypothesis>=6.90", "skyrl-gym>=0.4",
+        "matplotlib>=3.7"]  # matplotlib: tests/sim/test_plots.py draws the experiments' figures
 
 setup(
     name="tangram-rl",
