@@ -128,6 +128,9 @@ class ClusterState:
     gpus: str = ""  # e.g. "8 emulated x 80GiB"
     certs: str = ""  # CURVE certs directory (tangram_cli/keys.py); "" = plain TCP on loopback
     cluster_id: str = ""  # unique per cluster (new_cluster_id); "" = a legacy state, made before ids
+    # Hosts the last `up` could not bootstrap: {"node", "destination", "step", "reason", "at"} each
+    # (bootstrap/failures.py); `status` shows them as failed nodes.
+    failed: list[dict[str, Any]] = field(default_factory=list)
     version: int = STATE_VERSION
 
     # ---------------------------------------------------------------- addresses
@@ -172,6 +175,7 @@ class ClusterState:
         values = {k: v for k, v in raw.items() if k in known}
         values["hosts"] = [HostState.from_dict(h) for h in raw.get("hosts") or () if isinstance(h, dict)]
         values["ports"] = {str(k): int(v) for k, v in (raw.get("ports") or {}).items()}
+        values["failed"] = [f for f in raw.get("failed") or () if isinstance(f, dict)]
         return cls(**values)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -106,6 +107,7 @@ def start_controller(
     if foreground_argv:
         return None, argv, {}
     log = st.logs_dir(name) / "controller.log"
+    offset = log.stat().st_size if log.exists() else 0  # the log is appended to across starts
     proc = spawn_detached(argv, log, cwd=d)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -114,15 +116,55 @@ def start_controller(
             if got:
                 return proc, argv, got
         if proc.poll() is not None:
-            raise BootstrapError(
-                f"the controller exited with status {proc.returncode} during start",
-                hint=f"read {log}",
-                detail=log_tail(log),
-            )
+            raise controller_failed(proc.returncode, log, offset, bind)
         time.sleep(0.05)
     terminate(proc.pid, timeout_s=3)
     raise BootstrapError(
         f"the controller did not report ready within {timeout_s:g}s", hint=f"read {log}", detail=log_tail(log)
+    )
+
+
+def last_error(text: str) -> str:
+    """The last error a process wrote: an ``error: ...`` line (the CLI's), a log record at ERROR or
+    above (either log format), or a traceback's final ``SomeError: ...`` line; "" if none."""
+    from tangram import logfmt
+
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("error: "):
+            return line.removeprefix("error: ")
+        doc = logfmt.parse_line(line)
+        if doc is not None and str(doc.get("level")) in ("ERROR", "CRITICAL"):
+            return str(doc.get("msg", ""))
+        if re.match(r"^[A-Za-z_.]*(Error|Exception): ", line):
+            return line
+    return ""
+
+
+def controller_failed(code: int | None, log: Path, offset: int, bind: str) -> BootstrapError:
+    """The error `up` shows when the controller exited during start: the reason from its log (only
+    what this start wrote, from ``offset``) and a hint for the common ones."""
+    from tangram_cli.bootstrap import netaddr
+
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        text = ""
+    reason = last_error(text)
+    if "Cannot assign requested address" in reason or "not an address of this machine" in reason:
+        hint = (
+            f"the controller's address {bind} is not an address of this machine: {netaddr.not_local_hint()}"
+        )
+    elif "Address already in use" in reason:
+        hint = "another process holds that port: stop it, or set controller.ports in the inventory (0: free)"
+    else:
+        hint = "see the reason above"
+    return BootstrapError(
+        f"the controller exited with status {code} during start" + (f": {reason}" if reason else ""),
+        hint=f"{hint}; the controller's log: {log}",
+        detail="\n".join(text.strip().splitlines()[-8:]),
     )
 
 

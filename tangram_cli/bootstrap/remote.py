@@ -31,7 +31,7 @@ import click
 from tangram.errors import BootstrapError, TangramError
 from tangram_cli import state as st
 from tangram_cli.bootstrap import bundle as bdl
-from tangram_cli.bootstrap import local, plan, procs, restart
+from tangram_cli.bootstrap import failures, local, plan, procs, restart
 
 MIN_PYTHON = (3, 10)
 
@@ -340,24 +340,13 @@ def up_command(
         )
     bundle = bdl.build()
     if dry_run:
-        ctl = inv.controller
-        click.echo(
-            f"cluster {inv.cluster}: controller on this machine, bind {ctl.bind}, advertise {ctl.advertise}, "
-            f"ports agents {ctl.ports.agents or 'free'} submit {ctl.ports.submit or 'free'} "
-            f"status {ctl.ports.status or 'free'}"
-        )
-        from tangram_cli import keys as _keys
-
-        click.echo(
-            f"CURVE keys: {_keys.certs_dir(inv.cluster)} "
-            "(created if missing; each node gets only its own key)"
-        )
-        click.echo(plan.render(plan.plan(nodes, inv.cluster, bundle.digest), verbose=verbose > 0), nl=False)
+        _dry_run(inv, nodes, bundle, verbose)
         return 0
     quiet = output == "json"
     err = Console(stderr=True, highlight=False)
     with st.locked(inv.cluster, timeout_s=60):
         state = st.load(inv.cluster)
+        kept = state is not None and state.controller_is_ours()  # ran before this `up`: never stopped
         # CURVE keys (idempotent): controller, client, status, one per node of the inventory.
         from tangram_cli import keys
 
@@ -444,54 +433,32 @@ def up_command(
                             if why == "waiting"
                             else why
                         )
-    ok = [r for r in results.values() if r.ok]
-    failed = [r for r in results.values() if not r.ok]
-    if quiet:
-        click.echo(
-            json.dumps(
-                {
-                    "cluster": inv.cluster,
-                    "address": state.address,
-                    "certs": state.certs,
-                    "hosts": [
-                        {
-                            "node": r.node,
-                            "destination": r.destination,
-                            "ok": bool(r.ok),
-                            "step": r.step,
-                            "reason": r.reason,
-                            "started": r.started,
-                        }
-                        for r in results.values()
-                    ],
-                },
-                sort_keys=True,
-            )
-        )
-    else:
-        out = Console(highlight=False)
-        if not out.is_terminal:
-            out = Console(highlight=False, width=250)
-        out.print(result_table(results))
-        out.print(f"{len(ok)}/{len(results)} agents registered with controller {state.address}")
-        if ok:
-            out.print(f"export TANGRAM_ADDR={state.address}")
-            if state.certs:
-                out.print(f"export TANGRAM_CERTS={state.certs}")
-    if not failed:
-        return 0
-    if ok and allow_partial:
-        click.echo(f"error: {len(failed)} host(s) failed: {', '.join(r.node for r in failed)}", err=True)
-        click.echo(
-            "To fix: see REASON above; rerun `tangram up` after fixing (running agents are kept)", err=True
-        )
-        return 3
-    click.echo(f"error: {len(failed)} of {len(results)} host(s) failed", err=True)
-    hint = "see REASON above; rerun `tangram up` after fixing"
-    if ok:
-        hint += ", or pass --allow-partial to run on the rest"
-    click.echo(f"To fix: {hint}; `tangram down {path}` stops what started", err=True)
-    return 1
+        failures.record(state, results, {n.name: n.role for n in nodes})
+        stopped = None
+        if not any(r.ok for r in results.values()):
+            stopped = failures.stop_if_idle(state, kept=kept, say=(lambda _m: None) if quiet else err.print)
+        st.write(state)
+    return failures.report(
+        results, state, path=str(path), json_out=quiet, allow_partial=allow_partial, stopped=stopped
+    )
+
+
+def _dry_run(inv: Any, nodes: list[Any], bundle: bdl.Bundle, verbose: int) -> None:
+    """`up --dry-run`: the plan, then the checks only this machine can make (preflight.py)."""
+    from tangram_cli import keys
+    from tangram_cli.inventory import preflight
+
+    ctl = inv.controller
+    click.echo(
+        f"cluster {inv.cluster}: controller on this machine, bind {ctl.bind}, advertise {ctl.advertise}, "
+        f"ports agents {ctl.ports.agents or 'free'} submit {ctl.ports.submit or 'free'} "
+        f"status {ctl.ports.status or 'free'}"
+    )
+    click.echo(
+        f"CURVE keys: {keys.certs_dir(inv.cluster)} (created if missing; each node gets only its own key)"
+    )
+    click.echo(plan.render(plan.plan(nodes, inv.cluster, bundle.digest), verbose=verbose > 0), nl=False)
+    preflight.check(inv, nodes)  # InventoryError (exit 2) naming each key
 
 
 async def _bootstrap_all(

@@ -8,38 +8,56 @@ hint when no cluster is recorded or its controller does not answer.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from datetime import UTC, datetime
 
 import click
 
-from tangram.errors import ControllerUnreachable
+from tangram.errors import ClusterNotFound, ControllerUnreachable
 from tangram_cli import state as st
 from tangram_cli.params import Duration, output_option
 from tangram_cli.render import status as rs
 
 
-def _target(inventory: str | None, cluster: str | None) -> st.ClusterState:
+def _target(inventory: str | None, cluster: str | None, output: str = "table") -> st.ClusterState:
     name = cluster
     if name is None and inventory:
         from tangram_cli.bootstrap import remote
 
         name = remote.cluster_name(inventory)
-    return st.find(name)
+    try:
+        return st.find(name)
+    except ClusterNotFound:
+        old = st.load(name or os.environ.get("TANGRAM_CLUSTER") or st.DEFAULT_CLUSTER)
+        if old is None or not old.failed or old.controller_alive():
+            raise
+        from tangram_cli.bootstrap import failures  # a failed `up` stopped it: show why
+
+        failures.print_offline(old, output=output)
+        raise ClusterNotFound(
+            f"cluster {old.name!r} is not running: its last `tangram up` failed on every host and stopped "
+            "the controller",
+            hint=f"fix each REASON above, then `tangram up {old.inventory}`; `tangram down -c {old.name}` "
+            "forgets the cluster",
+        ) from None
 
 
 def _fetch(state: st.ClusterState, limit: int) -> dict:
     try:
-        return st.query_status(
-            state.status_address, limit=limit, timeout_s=3.0, certs=state.certs or None
-        )
+        records = st.query_status(state.status_address, limit=limit, timeout_s=3.0, certs=state.certs or None)
     except ControllerUnreachable as exc:
         raise ControllerUnreachable(
             f"cluster {state.name}: the controller at {state.status_address} does not answer ({exc})",
             hint=f"check {st.logs_dir(state.name) / 'controller.log'}; `tangram down -c {state.name}` "
             "then `tangram up` restarts it",
         ) from None
+    if not state.failed:
+        return records
+    from tangram_cli.bootstrap import failures  # hosts the last `up` could not bootstrap
+
+    return failures.with_failures(records, state)
 
 
 @click.command("status")
@@ -93,7 +111,7 @@ def command(
     Running actions are listed first (at most 10; -a or -o wide: all that were fetched), then the
     waiting ones (PD) with why they wait; a line says how many more there are.
     """
-    state = _target(inventory, cluster)
+    state = _target(inventory, cluster, output)
     sections = (only,) if only else rs.KNOWN_SECTIONS
     wide = output == "wide" or show_all
 

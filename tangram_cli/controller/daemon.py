@@ -32,6 +32,7 @@ import zmq.asyncio
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.scheduler import CoreConfig, Scheduler
+from tangram.errors import ConfigError
 from tangram_cli.controller.agents import AgentLink, new_epoch
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.curve import ServerAuth
@@ -62,6 +63,24 @@ class Options:
     log_format: str | None = None  # text | json (tangram/logfmt.py); None: $TANGRAM_LOG_FORMAT, else text
 
 
+class BindAddressNotLocal(ConfigError):
+    """The bind address is not an address of this machine (EADDRNOTAVAIL): refused before any socket
+    or the ZAP handler exists, so nothing is left to undo."""
+
+
+def check_local(bind: str) -> None:
+    """Raise BindAddressNotLocal when ``bind`` (or an address it resolves to) is not this machine's."""
+    from tangram_cli.bootstrap import netaddr
+
+    missing = netaddr.not_local(bind)
+    if missing:
+        raise BindAddressNotLocal(
+            f"cannot bind {bind}: Cannot assign requested address "
+            f"({netaddr.not_local_message(bind, missing)})",
+            hint=f"bind one of this machine's addresses: {', '.join(netaddr.local_addresses())}",
+        )
+
+
 class Controller:
     metrics: Metrics | None = None  # per-action numbers, while the metrics endpoint is on (start())
     metrics_http: Any = None  # metrics_http.MetricsServer, while the endpoint is on
@@ -77,25 +96,16 @@ class Controller:
         self.started = self.clock.now()
         self.journal = open_journal(self.options.journal, self.config.cluster, self.epoch)
         self.driver = Driver(self.core, self.clock, self.journal, self.dispatch)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopped = asyncio.Event()
+        self.down_requested = False  # before anything can call request_stop (the ZAP handler's on_dead)
         self.ctx = zmq.asyncio.Context()
-        o = self.options
         self.curve: ServerAuth | None = None
-        secure: dict[str, Any] = {"agents": None, "submit": None, "status": None}
-        if o.certs:
-            try:
-                self.curve = ServerAuth(self.ctx, o.certs)
-            except BaseException:
-                self.ctx.term()
-                raise
-            # The ZAP handler runs in this context and starts before any socket binds.
-            self.curve.start(on_dead=lambda _why: self.request_stop())
-            secure = {name: functools.partial(self.curve.secure, name=name) for name in secure}
-        self.agents_sock, self.agents_port = make_router(self.ctx, o.bind, o.agents_port, secure["agents"])
-        hb = self.config.heartbeat_s  # the submit socket: no handover, ZMTP heartbeats (sessions.py)
-        self.submit_sock, self.submit_port = make_router(
-            self.ctx, o.bind, o.submit_port, secure["submit"], handover=False, heartbeat_s=hb
-        )
-        self.status_sock, self.status_port = make_router(self.ctx, o.bind, o.status_port, secure["status"])
+        try:
+            self._open_sockets()
+        except BaseException:
+            self._close_partial()
+            raise
         self.agents = AgentLink(self.agents_sock, self.driver.post, self.registry, self.config, self.epoch)
         if self.curve is not None:  # a node speaks only with its own key (User-Id), never as another node
             self.agents.peer_check = self.curve.node_key_matches
@@ -117,9 +127,6 @@ class Controller:
         )
         self.agents.on_hello = self.recovery.on_hello
         self.agents.on_cleared = self.recovery.on_cleared
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._stopped = asyncio.Event()
-        self.down_requested = False
         for svc in self.config.services:
             self.driver.step(
                 ev.ServiceDefined(svc.name, svc.gpu_mem_mib, svc.chunk_sizes, svc.load_s, svc.t_ori)
@@ -128,11 +135,44 @@ class Controller:
             self.driver.step(ev.ApiDefined(api.name, api.mode, api.limit, api.period_s))
         self.recovery.restore(self.driver.step)
 
+    def _open_sockets(self) -> None:
+        """CURVE (its ZAP handler first) and the three ROUTER sockets; a failure leaves what was
+        opened for ``_close_partial``."""
+        o = self.options
+        secure: dict[str, Any] = {"agents": None, "submit": None, "status": None}
+        if o.certs:
+            self.curve = ServerAuth(self.ctx, o.certs)
+            # The ZAP handler runs in this context and starts before any socket binds.
+            self.curve.start(on_dead=lambda _why: self.request_stop())
+            secure = {name: functools.partial(self.curve.secure, name=name) for name in secure}
+        self.agents_sock, self.agents_port = make_router(self.ctx, o.bind, o.agents_port, secure["agents"])
+        hb = self.config.heartbeat_s  # the submit socket: no handover, ZMTP heartbeats (sessions.py)
+        self.submit_sock, self.submit_port = make_router(
+            self.ctx, o.bind, o.submit_port, secure["submit"], handover=False, heartbeat_s=hb
+        )
+        self.status_sock, self.status_port = make_router(self.ctx, o.bind, o.status_port, secure["status"])
+
+    def _close_partial(self) -> None:
+        """Undo a start that failed half-way (a port taken): sockets, ZAP handler, context, journal.
+        Stopping the ZAP handler on purpose keeps its ``on_dead`` quiet."""
+        for name in ("agents_sock", "submit_sock", "status_sock"):
+            sock = getattr(self, name, None)
+            if sock is not None:
+                sock.close(linger=0)
+        if self.curve is not None:
+            with contextlib.suppress(Exception):
+                self.curve.stop()
+        if self._metrics_sock is not None:
+            self._metrics_sock.close()
+        self.ctx.term()
+        self.journal.close()
+
     def _check_binds(self) -> Any:
         """Refuse a bind address the sockets may not use; bind the Prometheus endpoint's socket
         (metrics_http.py) on it and return it (None when the endpoint is off)."""
         o = self.options
         check_bind(o.bind, curve=bool(o.certs))
+        check_local(o.bind)
         port = o.metrics_port if o.metrics_port is not None else self.config.metrics_port
         if port is None:
             return None

@@ -18,7 +18,7 @@ from typing import Any
 from tangram_cli.hostlist import compress
 
 KNOWN_SECTIONS = ("nodes", "services", "apis", "queue")
-DOWN = ("down", "unreach", "lost", "gone", "dead")
+DOWN = ("down", "unreach", "lost", "gone", "dead", "failed")  # failed: `up` could not bootstrap it
 
 
 # ---------------------------------------------------------------- readers
