@@ -15,7 +15,13 @@ import os
 import sys
 from typing import Any
 
-import click
+try:
+    import click
+except ImportError as exc:  # a client-only install (`pip install tangram-rl`): the command needs [cluster]
+    raise SystemExit(
+        f"tangram: {exc}\nTo fix: the tangram command needs the cluster install: "
+        "pip install 'tangram-rl[cluster]' (from a checkout: pip install -e '.[cluster]')"
+    ) from None
 
 from tangram_cli.params import conform
 

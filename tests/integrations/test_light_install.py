@@ -134,3 +134,11 @@ def test_install_commands_in_the_docs_name_real_extras() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "pip install -e '.[cluster]' && tangram demo" in readme  # the demo needs the cluster side
     assert "pip install -e '.[test]' && python3 -m pytest" in readme
+
+
+def test_the_command_from_a_client_only_install_names_the_cluster_extra() -> None:
+    """Without click (a plain install), `tangram` says which install it needs instead of a traceback."""
+    code = "import sys; sys.modules['click'] = None; from tangram_cli.main import cli"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "pip install 'tangram-rl[cluster]'" in r.stderr and "Traceback" not in r.stderr
