@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tangram import units
+from tangram.certs import CurveKeys, keypair, public_key
 from tangram.errors import ConfigError
 
 HOSTROOT_IMAGE = "tangram/hostroot:1"
@@ -154,6 +155,22 @@ class AgentConfig:
                               hint="`tangram up` writes it into agent.json; leave it out for none")
 
     def validate(self) -> None:
+        """Check every field (in this order: the first problem found is the one raised), normalise
+        cores, sizes and times, and fill in ``name`` and ``workdir`` when left empty."""
+        self._check_controller()
+        self._check_name()
+        self._check_cluster()
+        self._check_modes()
+        self._check_cores()
+        self._check_limits()
+        self._check_times()
+        self._check_image_and_services()
+        self._check_logging()
+        if not self.workdir:
+            self.workdir = default_workdir(self.name)
+        self.workdir = os.path.abspath(os.path.expanduser(self.workdir))
+
+    def _check_controller(self) -> None:
         m = _ADDR_RE.match(self.controller) if isinstance(self.controller, str) else None
         if not m or not 0 < int(m.group(2)) < 65536:
             raise ConfigError(f"controller: expected tcp://HOST:PORT, got {self.controller!r}",
@@ -165,17 +182,22 @@ class AgentConfig:
                 f"controller {self.controller} is not a loopback address, "
                 "and plain TCP is only allowed on loopback",
                 hint="configure `curve` (keys from `tangram up`), or set allow_remote (no encryption)")
+
+    def _check_name(self) -> None:
         if not self.name:
             self.name = default_name()
         if not _NAME_RE.match(self.name):
             raise ConfigError(f"name: {self.name!r} is not a valid node name",
                               hint="1-64 characters from A-Z a-z 0-9 _ . : - not starting with . or -")
-        self._check_cluster()
+
+    def _check_modes(self) -> None:
         if self.executor not in EXECUTORS:
             raise ConfigError(f"executor: expected one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.docker_mode not in DOCKER_MODES:
             raise ConfigError(
                 f"docker_mode: expected one of {', '.join(DOCKER_MODES)}, got {self.docker_mode!r}")
+
+    def _check_cores(self) -> None:
         for key in ("cpus", "idle_cpus"):
             value = getattr(self, key)
             if value is not None:
@@ -184,6 +206,8 @@ class AgentConfig:
             raise ConfigError("cpus: must not be empty")
         if self.idle_cpus is not None and not self.idle_cpus:
             raise ConfigError("idle_cpus: must not be empty (idle sandboxes need somewhere to sit)")
+
+    def _check_limits(self) -> None:
         _int(self, "emulated_gpus", 0, 64)
         _int(self, "gpu_mem_mib", 1, 1 << 30)
         _int(self, "max_inflight", 1, 1 << 20)
@@ -201,22 +225,22 @@ class AgentConfig:
         _int(self, "sandbox_uid_count", 1, (1 << 32) - 2 - self.sandbox_uid_base)
         if not isinstance(self.trusted_code_only, bool):
             raise ConfigError(f"trusted_code_only: expected true or false, got {self.trusted_code_only!r}")
+
+    def _check_times(self) -> None:
         for key, lo in (("heartbeat_s", 0.01), ("orphan_timeout_s", 0.1), ("stop_grace_s", 0.0),
                         ("hello_timeout_s", 0.05), ("backoff_min_s", 0.001), ("backoff_max_s", 0.001),
                         ("restore_bandwidth_gbps", 1e-6)):
             _float(self, key, lo, 1e7)
         if self.backoff_max_s < self.backoff_min_s:
             raise ConfigError("backoff_max_s must be >= backoff_min_s")
+
+    def _check_image_and_services(self) -> None:
         if not isinstance(self.image, str) or not self.image:
             raise ConfigError("image: must be a non-empty image name")
         services_ok = isinstance(self.services, list) and all(
             isinstance(s, dict) and "name" in s for s in self.services)
         if not services_ok:
             raise ConfigError("services: expected a list of service spec objects, each with a `name`")
-        self._check_logging()
-        if not self.workdir:
-            self.workdir = default_workdir(self.name)
-        self.workdir = os.path.abspath(os.path.expanduser(self.workdir))
 
     def _check_logging(self) -> None:
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -243,7 +267,7 @@ class AgentConfig:
                 raise ConfigError(f"{key}: cores {outside} are not online (online: {online})")
         return cpus, idle
 
-    def curve_keys(self) -> Any:
+    def curve_keys(self) -> CurveKeys | None:
         """``tangram.certs.CurveKeys`` from ``curve``, or None when CURVE is off."""
         if self.curve is None:
             return None
@@ -255,8 +279,6 @@ class AgentConfig:
         missing = sorted({"controller_public", "secret"} - set(c))
         if missing:
             raise ConfigError(f"curve: missing {', '.join(missing)}")
-        from tangram.certs import CurveKeys, keypair, public_key
-
         public, secret = keypair(c["secret"], c.get("public"))
         return CurveKeys(public, secret, public_key(c["controller_public"]))
 

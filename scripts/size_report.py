@@ -1,6 +1,7 @@
-"""Print the size outliers of the project's Python code (style.md principle 10).
+"""Print the size outliers of the project's Python code (docs/architecture.md, "Conventions the
+structure keeps": no module over 600 lines, no function over 60 lines unless its docstring says why).
 
-Modules over 600 lines and functions over 50 lines (docstrings included) are listed with
+Modules over 600 lines and functions over 60 lines (docstrings included) are listed with
 their sizes, plus the median function length. Informational: always exits 0.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("tangram", "tangram_cli", "agent")
-MODULE_LIMIT, FUNCTION_LIMIT = 600, 50
+MODULE_LIMIT, FUNCTION_LIMIT = 600, 60
 
 
 def main() -> int:

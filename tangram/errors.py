@@ -2,7 +2,8 @@
 
 Remote failures travel on the wire as an `ErrorCode` (never as a class name) and come back
 as the matching class through `error_from_code`; `code_of` goes the other way. Errors meant
-for a human carry a `hint` ("To fix: ...") and an `exit_code` for the CLI.
+for a human carry a `hint` ("To fix: ...") and an `exit_code` for the CLI. The operator's own
+errors (a bad inventory, a failed `tangram up`) subclass these in tangram_cli/errors.py.
 
     TangramError                      message, hint, detail, code, retryable, exit_code
      |
@@ -31,14 +32,11 @@ for a human carry a `hint` ("To fix: ...") and an `exit_code` for the CLI.
      +-- NonZeroExit                  client side, `exec(check=True)`; carries the ExecResult
      |
      +-- ConfigError                  exit 2   bad configuration value
-     |    +-- InventoryError          exit 2   bad inventory (E_INVENTORY)
+     |                                         (InventoryError: tangram_cli/errors.py)
      +-- PartialFailure               exit 3   some nodes or items failed, the rest succeeded
      +-- ClusterNotFound              exit 4   no cluster state / TANGRAM_ADDR
      +-- ControllerUnreachable        exit 4   retryable
-     +-- BootstrapError               exit 1   `tangram up` over SSH
-          +-- HostUnreachable                  ssh exit 255, connection refused, DNS
-          +-- AuthFailed                       "Permission denied"
-          +-- HostKeyMismatch                  changed host key; known_hosts untouched
+                                      (BootstrapError and its kinds: tangram_cli/errors.py)
 
 CLI exit codes: 1 failure, 2 usage or invalid inventory, 3 partial, 4 no cluster or
 controller unreachable.
@@ -51,18 +49,13 @@ from typing import ClassVar
 
 __all__ = [
     "ActionTimeout",
-    "AuthFailed",
     "BadRequest",
-    "BootstrapError",
     "Cancelled",
     "ClusterNotFound",
     "ConfigError",
     "ControllerUnreachable",
     "ErrorCode",
-    "HostKeyMismatch",
-    "HostUnreachable",
     "InternalError",
-    "InventoryError",
     "MessageTooLarge",
     "NoCapacity",
     "NodeLost",
@@ -105,7 +98,7 @@ class ErrorCode(str, enum.Enum):  # noqa: UP042 (StrEnum needs 3.11; we support 
 
 
 class ProtocolErrorKind(str, enum.Enum):  # noqa: UP042
-    """Why bytes from a peer were refused (reliability.md section 3)."""
+    """Why bytes from a peer were refused (docs/protocol.md, "Decoding rules")."""
 
     DECODE = "E_DECODE"  # not valid msgpack: truncated, trailing bytes, bad UTF-8, ext types, nesting
     SCHEMA = "E_SCHEMA"  # framing, unknown type, missing field, wrong type, bad id, NaN, out of range
@@ -300,10 +293,6 @@ class ConfigError(TangramError):
     exit_code = EXIT_USAGE
 
 
-class InventoryError(ConfigError):
-    """The inventory is invalid; the message names the entry and field (`nodes[2].gpus`)."""
-
-
 class UnitError(BadRequest, ConfigError, ValueError):
     """A size, duration or cpulist that `tangram.units` refuses. The message names the field, the
     value and the accepted forms. It is a `BadRequest` (the client), a `ConfigError` (agent and
@@ -351,35 +340,6 @@ class ControllerUnreachable(TangramError):
     exit_code = EXIT_NO_CLUSTER
     retryable = True
     default_hint = "check that the controller runs (`tangram status`) and that TANGRAM_ADDR is right"
-
-
-class BootstrapError(TangramError):
-    """`tangram up` could not install or start an agent over SSH."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        host: str | None = None,
-        hint: str | None = None,
-        detail: str | None = None,
-    ) -> None:
-        super().__init__(message, hint=hint, detail=detail)
-        self.host = host
-
-
-class HostUnreachable(BootstrapError):
-    default_hint = "check the host name, port and network; `ssh` exited 255"
-
-
-class AuthFailed(BootstrapError):
-    default_hint = "install the deploy key in the host's authorized_keys, or fix `user` in the inventory"
-
-
-class HostKeyMismatch(BootstrapError):
-    default_hint = (
-        "the host key changed; if that is expected, remove its line from Tangram's known_hosts file and rerun"
-    )
 
 
 # ---------------------------------------------------------------- code <-> class

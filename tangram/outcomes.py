@@ -86,7 +86,8 @@ def _kinds(cls: type) -> type:
 @dataclass(frozen=True)
 class _Attempt(_Outcome):
     """What every action outcome carries: the run time the agent measured, the attempt's
-    identity (echoed by the agent for fencing, reliability §1.3), and the controller's timing."""
+    identity (echoed by the agent so a late reply of an older attempt or controller epoch is told apart
+    and dropped: docs/recovery.md), and the controller's timing."""
 
     run_s: float = 0.0  # process or call start to end, measured by the agent
     action: str = ""

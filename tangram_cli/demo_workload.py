@@ -1,4 +1,4 @@
-"""The built-in agentic-RL workload of `tangram demo` (architecture.md section 11).
+"""The built-in agentic-RL workload of `tangram demo` (docs/cli.md, `tangram demo`).
 
 A batch of trajectories starts at once, as a rollout step does. Each trajectory opens one sandbox,
 places the test-run script (``demo_testrun.py``) in it, then for every turn:

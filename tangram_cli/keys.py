@@ -121,11 +121,6 @@ def ensure_keys(d: Path, nodes: Iterable[str] = ()) -> Path:
     return d
 
 
-def has_keys(cluster: str) -> bool:
-    d = certs_dir(cluster)
-    return (d / f"{CONTROLLER}.key_secret").is_file() and (d / f"{CLIENT}.key_secret").is_file()
-
-
 def agent_files(certs: Path, node: str) -> dict[str, bytes]:
     """What `up` ships to ``node``: its own secret certificate and the controller's public key."""
     return {

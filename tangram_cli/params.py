@@ -18,6 +18,8 @@ from typing import Any
 
 import click
 
+from tangram.units import parse_duration_s
+
 OUTPUT_HELP = "Output format: a human table (or text), or JSON on stdout for scripts."
 
 
@@ -34,8 +36,6 @@ class Duration(click.ParamType):
         return "DURATION"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        from tangram.units import parse_duration_s
-
         try:
             seconds = parse_duration_s(value, "")
         except ValueError as exc:
@@ -102,23 +102,16 @@ def _no_color(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
         os.environ["NO_COLOR"] = "1"
 
 
+def _counter(short: str, key: str, help: str) -> click.Option:
+    """A repeatable flag (``-v -v``) whose count adds to ``ctx.obj[key]``."""
+    return click.Option([short, f"--{key}"], count=True, expose_value=False, callback=_count(key), help=help)
+
+
 def common_params() -> list[click.Option]:
     """Fresh ``-v``, ``-q`` and ``--no-color`` options (they add to the group's, in ``ctx.obj``)."""
     return [
-        click.Option(
-            ["-v", "--verbose"],
-            count=True,
-            expose_value=False,
-            callback=_count("verbose"),
-            help="More output; -vv shows tracebacks.",
-        ),
-        click.Option(
-            ["-q", "--quiet"],
-            count=True,
-            expose_value=False,
-            callback=_count("quiet"),
-            help="Less output: no progress lines (results and errors still print).",
-        ),
+        _counter("-v", "verbose", "More output; -vv shows tracebacks."),
+        _counter("-q", "quiet", "Less output: no progress lines (results and errors still print)."),
         click.Option(
             ["--no-color"],
             is_flag=True,

@@ -31,6 +31,7 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram import discovery
-from tangram.errors import ClusterNotFound
+from tangram.errors import ClusterNotFound, ControllerUnreachable, TangramError
 
 STATE_VERSION = 1
 DEFAULT_CLUSTER = discovery.DEFAULT_CLUSTER
@@ -251,8 +252,6 @@ def remove(name: str, *, purge: bool = False) -> None:
     """Forget the cluster: state.json (and with ``purge`` the whole directory, logs included)."""
     d = cluster_dir(name)
     if purge:
-        import shutil
-
         shutil.rmtree(d, ignore_errors=True)
         return
     with contextlib.suppress(FileNotFoundError):
@@ -304,6 +303,8 @@ def find_address(name: str = DEFAULT_CLUSTER) -> str | None:
 
 
 # -------------------------------------------------------------------- the status socket
+# pyzmq, tangram.protocol and tangram.certs are imported inside these functions, not at the top:
+# only a status query needs them, and commands that never query (`env`, `keys`) import this module.
 
 
 def query_status(
@@ -325,55 +326,70 @@ def query_status(
     """
     import zmq
 
-    from tangram import protocol as p
-    from tangram.errors import ControllerUnreachable, TangramError
+    sock = _status_socket(address, timeout_s, certs)
+    try:
+        sock.connect(address)
+        return _ask_status(sock, address, sections, limit, timeout_s)
+    except zmq.ZMQError as exc:
+        raise ControllerUnreachable(f"cannot talk to the controller at {address}: {exc}") from None
+    finally:
+        sock.close(0)
 
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
+
+def _status_socket(address: str, timeout_s: float, certs: str | None) -> Any:
+    """A DEALER for the status socket: bounded waits and message size, the status CURVE keys."""
+    import zmq
+
+    from tangram import protocol as p
+    from tangram.certs import load_dir
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, p.MAX_MESSAGE_BYTES)
     sock.setsockopt(zmq.RCVTIMEO, max(1, int(timeout_s * 1000)))
     sock.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
     try:
-        from tangram.certs import load_dir
-
         certs = certs or discovery.find_certs(address)
         if certs:
             load_dir(certs, role="status").apply(sock)
     except BaseException:
         sock.close(0)
         raise
-    try:
-        sock.connect(address)
-        deadline = time.monotonic() + timeout_s
-        rid = 1
-        said_hello = False
+    return sock
+
+
+def _ask_status(
+    sock: Any, address: str, sections: tuple[str, ...], limit: int, timeout_s: float
+) -> dict[str, Any]:
+    """Send the request (and, when refused before any hello, the hello and the request again);
+    the records of the answer to it."""
+    from tangram import protocol as p
+
+    deadline = time.monotonic() + timeout_s
+    rid = 1
+    said_hello = False
+    while True:
+        sock.send_multipart(p.encode(p.StatusReq(sections=list(sections), limit=limit), rid))
         while True:
-            sock.send_multipart(p.encode(p.StatusReq(sections=list(sections), limit=limit), rid))
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not sock.poll(int(left * 1000)):
-                    raise ControllerUnreachable(f"no answer from the controller's status socket {address}")
-                env = p.decode(sock.recv_multipart())
-                if env.request_id != rid:
-                    continue
-                msg = env.msg
-                if isinstance(msg, p.Status):
-                    return dict(msg.records)
-                if isinstance(msg, p.Error | p.Reject) and not said_hello:
-                    break
-                if isinstance(msg, p.Error):
-                    raise TangramError(f"status request refused: {msg.code}: {msg.message}")
-                if isinstance(msg, p.Reject):
-                    raise TangramError(f"status request refused: {msg.reason}")
-            said_hello = True
-            rid += 1
-            hello = p.Hello(
-                role="status", name=f"status-{os.getpid()}", major=p.PROTOCOL_MAJOR, minor=p.PROTOCOL_MINOR
-            )
-            sock.send_multipart(p.encode(hello, 0))
-            rid += 1
-    except zmq.ZMQError as exc:
-        raise ControllerUnreachable(f"cannot talk to the controller at {address}: {exc}") from None
-    finally:
-        sock.close(0)
+            left = deadline - time.monotonic()
+            if left <= 0 or not sock.poll(int(left * 1000)):
+                raise ControllerUnreachable(f"no answer from the controller's status socket {address}")
+            env = p.decode(sock.recv_multipart())
+            if env.request_id != rid:
+                continue
+            msg = env.msg
+            if isinstance(msg, p.Status):
+                return dict(msg.records)
+            if isinstance(msg, p.Error | p.Reject) and not said_hello:
+                break
+            if isinstance(msg, p.Error):
+                raise TangramError(f"status request refused: {msg.code}: {msg.message}")
+            if isinstance(msg, p.Reject):
+                raise TangramError(f"status request refused: {msg.reason}")
+        said_hello = True
+        rid += 1
+        hello = p.Hello(
+            role="status", name=f"status-{os.getpid()}", major=p.PROTOCOL_MAJOR, minor=p.PROTOCOL_MINOR
+        )
+        sock.send_multipart(p.encode(hello, 0))
+        rid += 1

@@ -1,8 +1,8 @@
 """Restore-bandwidth bench: pinned and pageable host->device copies, and a full torch-runtime restore.
 
 ``python -m agent.gpu.bench [--sizes-mib 256,1024,4096] [--device 0] [--json]``. Needs torch with CUDA;
-prints one line per measurement (best of ``--repeat``), compare with anchors.md §1.2 (≈53-57 GB/s pinned
-on PCIe Gen5 x16, ≈25 GB/s on Gen4, pageable a few GB/s).
+prints one line per measurement (best of ``--repeat``), to compare with docs/gpu.md, "emulated" (≈53-57
+GB/s pinned on PCIe Gen5 x16, ≈25 GB/s on Gen4, pageable a few GB/s).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Emulated GPU runtime: real host bytes, real copies, restore time = setup_s + bytes / bandwidth.
 
-Model (numbers from ``shared/design/anchors.md`` §1.2):
+Model (numbers from published host-to-device copy measurements, as docs/gpu.md states them):
 
 * The host backup is a real ``bytes`` object. A 14 GB model would not fit CI, so the backup holds
   ``restore_bytes // scale`` bytes (default scale 1024, capped at ``cap_bytes``, default 64 MiB, at least
@@ -9,7 +9,7 @@ Model (numbers from ``shared/design/anchors.md`` §1.2):
   the rest of ``setup_s + restore_bytes / bandwidth``: the *logical* bytes set the time. GPUs of a chunk
   restore in parallel (each has its own PCIe link), so the time does not grow with the chunk size.
   Default bandwidth 25 GB/s (pinned H2D on PCIe Gen4, nvbandwidth on A100); H200 hosts on Gen5 reach
-  ~53-57 GB/s. ``setup_s`` (the fixed t0 of the anchors' T = t0 + S/BW, 0.1-0.2 s measured) defaults to 0.
+  ~53-57 GB/s. ``setup_s`` (the fixed t0 of a measured restore, T = t0 + S/BW, t0 0.1-0.2 s) defaults to 0.
 * ``spec.options`` may override ``bandwidth_gbps`` and ``setup_s`` per service.
 * Calls run the service's Python function (``spec.model = "package.module:function"``) in a worker
   thread, so the event loop stays free. Memory budgets are enforced by the host, not here.

@@ -4,13 +4,13 @@
   destination, step, reason, time); a host that comes up in a later `up` is dropped from it.
   `tangram status` shows the recorded ones as ``failed`` rows in NODES (``status_rows``), next to
   the nodes the controller knows, and still shows them when the controller is gone.
-* When no agent registered at all, nothing is left half-running: the controller this `up`
-  started (or restarted) is stopped, as are agents it started that never registered, and the
+* What a failed `up` leaves running (``settle``): without ``--allow-partial`` nothing it started
+  (the agents it started and a controller it started afresh are stopped again; what ran before
+  it is never touched), as a multi-node launch is all or nothing for SkyPilot's `sky launch` and
+  Slurm allocations; with ``--allow-partial`` the hosts that came up keep running. When no agent
+  registered at all, the controller this `up` started (or restarted) is stopped too, and the
   state keeps only the failures (no controller pid, no ports, no hosts), so `status` can list
-  them and the next `up` starts afresh. A controller that was already running before this `up`
-  is never stopped.
-* The closing table and the exit code (``report``): 0 all up, 3 some failed with
-  ``--allow-partial``, else 1.
+  them and the next `up` starts afresh. A controller that ran before this `up` is never stopped.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -45,97 +46,82 @@ def record(state: st.ClusterState, results: Mapping[str, Any], roles: Mapping[st
     state.failed = kept + new
 
 
-def stop_if_idle(state: st.ClusterState, *, kept: bool, say: Callable[[str], None]) -> str | None:
-    """After an `up` in which no agent registered: unless the controller ran before this `up`
-    (``kept``), stop its agents that started but never registered and the controller, and forget
-    both in ``state`` (the caller writes it). Returns what was done, or None."""
-    if kept:
-        return None
-    pid = state.controller_pid
-    ssh_hosts = [h for h in state.hosts if h.connection == "ssh"]
-    if ssh_hosts:
-        from tangram_cli.bootstrap import remote
+@dataclass(frozen=True)
+class Settled:
+    """What `up` stopped again after its hosts were tried (``settle``)."""
 
-        for name, why in remote.stop_agents(state, purge=False, echo=say).items():
-            say(f"{name}: could not stop its agent: {why}")
-    how = procs.terminate(pid, timeout_s=10.0, words=(str(st.controller_config_path(state.name)),))
-    state.hosts = []
-    state.controller_pid = None
-    state.ports = {}
-    if how == "gone":
-        return None
-    return (
-        f"stopped the controller (pid {pid}) that this `up` started: no agent registered, so nothing "
-        f"is left running; `tangram status -c {state.name}` lists the failed hosts"
-    )
+    controller_pid: int | None = None  # the controller it stopped, or None
+    agents: tuple[str, ...] = ()  # the nodes whose agents it stopped
+    message: str = ""  # one line for the operator ("" when nothing was stopped)
 
 
-def _hosts_json(results: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [
-        {
-            "node": r.node,
-            "destination": r.destination,
-            "ok": bool(r.ok),
-            "step": r.step,
-            "reason": r.reason,
-            "started": r.started,
-        }
-        for r in results.values()
-    ]
-
-
-def report(
-    results: Mapping[str, Any],
+def settle(
     state: st.ClusterState,
+    results: Mapping[str, Any],
     *,
-    path: str,
-    json_out: bool,
+    kept: bool,
+    fresh: bool,
     allow_partial: bool,
-    stopped: str | None,
-) -> int:
-    """Print the per-host outcome (a table, or one JSON document) and return the exit code."""
-    ok = [r for r in results.values() if r.ok]
-    failed = [r for r in results.values() if not r.ok]
-    if json_out:
-        doc = {"cluster": state.name, "address": None if stopped else state.address, "certs": state.certs}
-        doc.update(hosts=_hosts_json(results), controller_stopped=bool(stopped))
-        click.echo(json.dumps(doc, sort_keys=True))
-    else:
-        _print_table(results, state, ok_count=len(ok), stopped=bool(stopped))
-    if stopped:
-        click.echo(stopped, err=True)
-    if not failed:
-        return 0
-    if ok and allow_partial:
-        click.echo(f"error: {len(failed)} host(s) failed: {', '.join(r.node for r in failed)}", err=True)
-        click.echo(
-            "To fix: see REASON above; rerun `tangram up` after fixing (running agents are kept)", err=True
+    say: Callable[[str], None],
+) -> Settled:
+    """After an `up` in which some host failed, stop again what it started, so that:
+
+    * without ``allow_partial`` a failed `up` leaves nothing it started running: the agents it
+      started (not those that already ran, nor those it restarted) and a controller it started
+      afresh (``fresh``);
+    * with ``allow_partial`` only agents that started but never registered are stopped;
+    * when no agent registered at all, a controller this `up` started or restarted is stopped too.
+
+    A controller that ran before this `up` (``kept``) is never stopped. ``state`` is updated (the
+    caller writes it); HostResult.rolled_back marks each host whose agent was stopped again."""
+    if all(r.ok for r in results.values()):
+        return Settled()
+    registered = any(r.registered for r in results.values())
+    whole = not allow_partial or not registered
+    agents = [n for n, r in results.items() if r.started == "started" and (whole or not r.registered)]
+    stop_ctl = not kept and (fresh and whole or not registered)
+    hosts = [h for h in state.hosts if h.name in agents and h.connection == "ssh"]
+    if hosts:
+        from tangram_cli.bootstrap import teardown
+
+        for name, down in teardown.stop_hosts(hosts, state.cluster_id, purge=False).items():
+            if not down.ok:
+                say(f"{name}: could not stop its agent: {down.error}")
+    for name in agents:
+        results[name].rolled_back = True
+    state.hosts = [h for h in state.hosts if h.name not in agents]
+    pid = state.controller_pid if stop_ctl else None
+    if stop_ctl:
+        how = procs.terminate(pid, timeout_s=10.0, words=(str(st.controller_config_path(state.name)),))
+        pid = None if how == "gone" else pid
+        state.hosts, state.controller_pid, state.ports = [], None, {}
+    return Settled(pid, tuple(agents), _settled_message(state.name, results, pid, agents, registered))
+
+
+def _settled_message(
+    name: str, results: Mapping[str, Any], pid: int | None, agents: list[str], registered: bool
+) -> str:
+    from tangram_cli.hostlist import compress
+
+    what = ([f"the controller (pid {pid})"] if pid else []) + (
+        [f"the agents on {compress(agents)}"] if agents else []
+    )
+    if not what:
+        return ""
+    failed = sum(1 for r in results.values() if not r.ok)
+    if not registered:
+        why = "no agent registered, so nothing is left running"
+    elif pid or any(results[a].registered for a in agents):
+        why = (
+            f"{failed} of {len(results)} host(s) failed, and without --allow-partial a failed `up` "
+            "leaves nothing it started running"
         )
-        return 3
-    click.echo(f"error: {len(failed)} of {len(results)} host(s) failed", err=True)
-    hint = "see REASON above; rerun `tangram up` after fixing"
-    if ok:
-        hint += ", or pass --allow-partial to run on the rest"
-    tail = "" if stopped else f"; `tangram down {path}` stops what started"
-    click.echo(f"To fix: {hint}{tail}", err=True)
-    return 1
-
-
-def _print_table(results: Mapping[str, Any], state: st.ClusterState, *, ok_count: int, stopped: bool) -> None:
-    from rich.console import Console
-
-    from tangram_cli.bootstrap.remote import result_table
-
-    out = Console(highlight=False)
-    if not out.is_terminal:
-        out = Console(highlight=False, width=250)
-    out.print(result_table(dict(results)))
-    where = "(the controller was stopped)" if stopped else f"with controller {state.address}"
-    out.print(f"{ok_count}/{len(results)} agents registered {where}")
-    if ok_count:
-        out.print(f"export TANGRAM_ADDR={state.address}")
-        if state.certs:
-            out.print(f"export TANGRAM_CERTS={state.certs}")
+    else:
+        why = "their hosts did not register"
+    return (
+        f"stopped {' and '.join(what)} that this `up` started: {why}; "
+        f"`tangram status -c {name}` lists the failed hosts"
+    )
 
 
 # ---------------------------------------------------------------- `tangram status`

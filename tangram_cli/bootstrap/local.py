@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tangram.errors import BootstrapError, ConfigError, TangramError
+from tangram.errors import ConfigError, TangramError
 from tangram_cli import state as st
 from tangram_cli.bootstrap import procs, restart
+from tangram_cli.errors import BootstrapError
 
 REWARD_MODEL = "agent.gpu.demo_services:reward"
 HOSTROOT_IMAGE = "tangram/hostroot:1"

@@ -1,6 +1,6 @@
 """Bootstrap plan: what `tangram up` does on each host, as data. PURE: no I/O, no clock.
 
-Per host the steps are connect, probe, upload, install, start, wait (architecture.md section 9).
+Per host the steps are connect, check, probe, upload, install, start, wait (architecture.md section 9).
 This module builds each remote command as a string whose every variable part is either checked
 by the inventory (host names, users, paths, python) or passed through ``shlex.quote``; tests
 check the strings. ``bootstrap/ssh.py`` only runs them.
@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-STEP_NAMES = ("connect", "probe", "upload", "install", "start", "wait")
+STEP_NAMES = ("connect", "check", "probe", "upload", "install", "start", "wait")
 
 PROBE_BOOTSTRAP = "import sys,json;exec(json.loads(sys.stdin.readline()))"
 
@@ -162,19 +162,28 @@ def argv_to_command(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def mkdir_command(path: str) -> str:
-    return f"umask 077 && mkdir -p -- {sh_path(path)}"
-
-
 def install_command(python: str, bundle: str, venv: str, *, system_site_packages: bool = False) -> str:
     """Create ``venv`` and install the bundle's wheels offline; idempotent (skips a finished venv)."""
     v, b = sh_path(venv), sh_path(bundle)
-    flags = " --system-site-packages" if system_site_packages else ""
+    # With the node's site-packages, the venv needs no pip of its own (ensurepip takes seconds per
+    # node, and Debian ships it separately): the node's pip serves, or pip_install_command adds one.
+    flags = " --system-site-packages --without-pip" if system_site_packages else ""
     create = f"{shlex.quote(python)} -m venv{flags} {v}"
     pip = f"{v}/bin/python -m pip install --quiet --no-index --find-links {b}/wheels -r {b}/requirements.txt"
     if system_site_packages:
         return f"test -f {v}/.complete || {{ {create} && touch {v}/.complete; }}"
     return f"test -f {v}/.complete || {{ {create} && {pip} && touch {v}/.complete; }}"
+
+
+def pip_install_command(venv: str, packages: Sequence[str]) -> str:
+    """Install ``packages`` into ``venv`` with pip: the node's own (visible through the venv's system
+    site-packages), else one ``ensurepip`` puts into the venv. Needs a package index."""
+    vpy = f"{sh_path(venv)}/bin/python"
+    pkgs = " ".join(shlex.quote(p) for p in packages)
+    return (
+        f"{{ {vpy} -m pip --version >/dev/null 2>&1 || {vpy} -m ensurepip --default-pip >/dev/null; }} && "
+        f"{vpy} -m pip install --quiet {pkgs}"
+    )
 
 
 def start_command(run_dir: str, venv: str, *, config: str = "agent.json") -> str:
@@ -201,17 +210,90 @@ def stop_command(run_dir: str, *, signal: str = "TERM") -> str:
     )
 
 
+RUN_FILES = ("agent.json", "agent.key_secret", "controller.key")  # what `up` writes into a run directory
+
+
+@dataclass(frozen=True)
+class NodeCheck:
+    """What `up` needs to know about a node before it does anything there (``ssh.check_node`` reads it
+    over SFTP, running no shell: a node's rc files can cost a second per command)."""
+
+    home: str
+    running: bool
+    hashes: dict[str, str]  # file name in the run directory -> sha256 hex
+    bundle: str  # the bundle hash in its .complete marker, or ""
+    ready: bool  # the venv is set up (bundle extracted, modules there)
+
+    def differing(self, files: Mapping[str, bytes]) -> list[str]:
+        """The names of ``files`` whose content differs from what the node holds."""
+        return [n for n, data in files.items() if self.hashes.get(n) != hashlib.sha256(data).hexdigest()]
+
+
+def ready_command(venv: str) -> str:
+    """Mark the venv ready once the bundle is extracted into it and its modules import."""
+    return f"touch {sh_path(venv)}/.ready"
+
+
+def purge_command(run_dir: str) -> str:
+    """Remove everything `up` left in the node's run directory (agent venvs, bundles, logs,
+    ``agent.key_secret``, ``controller.key``), then its parent if that is now empty; prints
+    ``gone`` when the run directory no longer exists."""
+    r = sh_path(run_dir)
+    parent = run_dir.rstrip("/").rsplit("/", 1)[0] if "/" in run_dir.rstrip("/") else ""
+    rmdir = f"rmdir -- {sh_path(parent)} 2>/dev/null; " if parent not in ("", "~", "/") else ""
+    return f"rm -rf -- {r}; {rmdir}test -e {r} || echo gone"
+
+
 def remove_containers_command(cluster_id: str) -> str:
     """Remove the node's containers of the cluster with id ``cluster_id`` (label ``tangram.cluster-id``);
     never by the cluster's name alone, which another cluster on the same Docker daemon may share."""
     if not cluster_id:
         raise ValueError("a cluster id is needed: containers are never removed by name alone")
-    label = shlex.quote(f"label=tangram.cluster-id={cluster_id}")
+    return _remove_containers(shlex.quote(f"label=tangram.cluster-id={cluster_id}"))
+
+
+def _remove_containers(label: str) -> str:
     return (
         "command -v docker >/dev/null 2>&1 && "
         f"ids=$(docker ps -aq --filter {label}) && "
         '[ -n "$ids" ] && docker rm -f $ids >/dev/null'
     )
+
+
+CID_LABEL = '"label=tangram.cluster-id=$cid"'  # $cid: a hex id the command itself found
+AGENT_ALIVE = (
+    'case "$pid" in ""|*[!0-9]*) false;; '
+    '*) kill -0 "$pid" 2>/dev/null && grep -q agent /proc/"$pid"/cmdline 2>/dev/null;; esac'
+)
+
+
+def teardown_command(run_dir: str, cluster_id: str, *, purge: bool, wait_s: float = 10.0) -> str:
+    """`down` on one node in one command (every shell a node starts may run slow rc files):
+
+    * stop the agent of ``run_dir`` by its pidfile: SIGTERM, up to ``wait_s``, then SIGKILL; prints
+      ``agent=stopped``, or ``agent=stuck`` when it still runs (then nothing else is done);
+    * remove the containers of ``cluster_id``; without one, with ``purge``, of the id in the node's own
+      agent.json (a hex string, or nothing); never by the cluster's name alone;
+    * with ``purge``, remove the run directory (``purge_command``: prints ``gone``)."""
+    r = sh_path(run_dir)
+    ticks = max(1, int(wait_s / 0.2))
+    stop = (
+        f"pid=$(cat {r}/agent.pid 2>/dev/null); alive() {{ {AGENT_ALIVE}; }}; stuck=; "
+        'if alive; then kill -TERM "$pid"; i=0; '
+        f'while alive && [ "$i" -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done; '
+        'if alive; then kill -KILL "$pid"; sleep 0.5; fi; '
+        "if alive; then stuck=1; echo agent=stuck; else echo agent=stopped; fi; fi; "
+    )
+    if cluster_id:
+        cid = f"cid={shlex.quote(cluster_id)}; "
+    elif purge:
+        pattern = shlex.quote('s/.*"cluster_id": *"\\([0-9a-f]*\\)".*/\\1/p')
+        cid = f"cid=$(sed -n {pattern} {r}/agent.json 2>/dev/null | head -n 1); "
+    else:
+        cid = "cid=; "
+    docker = f'[ -n "$cid" ] && {_remove_containers(CID_LABEL)}; '
+    rest = f"{cid}{docker}{purge_command(run_dir)}" if purge else f"{cid}{docker}true"
+    return f'{stop}if [ -z "$stuck" ]; then {rest}; fi'
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,6 +329,11 @@ def host_plan(node: object, cluster: str, digest: str, *, system_site_packages: 
     steps = (
         Step("connect", f"ssh {dest} (host key {node.host_key_policy}, timeout {node.connect_timeout_ms}ms)"),  # type: ignore[attr-defined]
         Step(
+            "check",
+            f"sftp: {run_dir}/agent.pid, sha256 of {', '.join(RUN_FILES)}, the bundle's .complete, the "
+            "venv's .ready; an agent running with these files ends here (unless --force)",
+        ),
+        Step(
             "probe",
             "python, cores, NUMA, memory, cgroup, docker, GPUs, disk",
             argv_to_command(probe_argv(python)),
@@ -254,8 +341,7 @@ def host_plan(node: object, cluster: str, digest: str, *, system_site_packages: 
         ),
         Step(
             "upload",
-            f"sftp bundle to .../bundles/{digest[:12]}... unless its .complete matches",
-            mkdir_command(bdir),
+            f"sftp bundle to {bdir} unless its .complete matches",
         ),
         Step(
             "install",

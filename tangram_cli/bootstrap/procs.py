@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tangram.errors import BootstrapError, ControllerUnreachable, TangramError
+from tangram.errors import ControllerUnreachable, TangramError
 from tangram_cli import state as st
+from tangram_cli.errors import BootstrapError
 from tangram_cli.render import status as rs
 
 CONTROLLER_READY_TIMEOUT_S = 30.0

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tangram.errors import BootstrapError
 from tangram_cli import state as st
 from tangram_cli.bootstrap import procs
+from tangram_cli.errors import BootstrapError
 
 PORT_ROLES = ("agents", "submit", "status")
 PORT_SETTLE_S = 3.0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
 import random
@@ -33,8 +34,9 @@ from typing import Any, TypeVar
 
 import asyncssh
 
-from tangram.errors import AuthFailed, BootstrapError, HostKeyMismatch, HostUnreachable
+from tangram_cli import state as st
 from tangram_cli.bootstrap import plan
+from tangram_cli.errors import AuthFailed, BootstrapError, HostKeyMismatch, HostUnreachable
 
 log = logging.getLogger("tangram.bootstrap.ssh")
 
@@ -46,6 +48,11 @@ T = TypeVar("T")
 
 # --------------------------------------------------------------------------------------------
 # Known hosts
+
+
+def known_hosts_path() -> str:
+    """Tangram's own known_hosts file: ``$TANGRAM_HOME/known_hosts`` (``~/.tangram/known_hosts``)."""
+    return str(st.home() / "known_hosts")
 
 
 def host_pattern(host: str, port: int) -> str:
@@ -87,13 +94,15 @@ class KnownHosts:
 class _Client(asyncssh.SSHClient):
     """Called by asyncssh for a host key that is not among the recorded ones."""
 
-    def __init__(self, store: KnownHosts, host: str, port: int, policy: str, recorded: bool) -> None:
+    def __init__(
+        self, store: KnownHosts, host: str, port: int, policy: str, recorded: list[asyncssh.SSHKey]
+    ) -> None:
         self.store, self.host, self.port, self.policy, self.recorded = store, host, port, policy, recorded
         self.verdict: str | None = None  # "mismatch" | "unknown" | "recorded"
-        self.fingerprint: str | None = None
+        self.offered: asyncssh.SSHKey | None = None
 
     def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
-        self.fingerprint = key.get_fingerprint("sha256")
+        self.offered = key
         if self.recorded:
             self.verdict = "mismatch"
             return False
@@ -106,49 +115,78 @@ class _Client(asyncssh.SSHClient):
             "recorded new host key for %s: %s %s",
             host_pattern(self.host, self.port),
             key.get_algorithm(),
-            self.fingerprint,
+            fingerprint(key),
         )
         return True
+
+
+def fingerprint(key: asyncssh.SSHKey) -> str:
+    """``SHA256:... (ssh-ed25519)``, as `ssh-keygen -l` shows a key."""
+    return f"{key.get_fingerprint('sha256')} ({key.get_algorithm()})"
+
+
+def keyscan_type(key: asyncssh.SSHKey | None) -> str:
+    """The ``ssh-keyscan -t`` name of a key's type (``ssh-ed25519`` -> ``ed25519``)."""
+    alg = key.get_algorithm() if key is not None else "ssh-ed25519"
+    kind = "ecdsa" if "ecdsa" in alg else "ed25519" if "ed25519" in alg else "rsa"
+    return f"{kind}-sk" if alg.startswith("sk-") else kind
+
+
+def _host_key_error(node: Any, client: _Client | None, known_hosts: Path) -> HostKeyMismatch:
+    """A changed (or, under ``strict``, unrecorded) host key: the old and new fingerprints where known,
+    and the exact commands that accept the new key into Tangram's own known_hosts file."""
+    pattern = host_pattern(node.host, node.port)
+    offered = client.offered if client is not None else None
+    new = fingerprint(offered) if offered is not None else "unknown"
+    kh = shlex.quote(str(known_hosts))
+    scan = f"ssh-keyscan -p {node.port} -t {keyscan_type(offered)} {node.host}"
+    if client is not None and client.verdict == "unknown":
+        return HostKeyMismatch(
+            f"no recorded host key for {pattern} (host_key_policy strict); the host offers {new}",
+            host=node.name,
+            hint=f"check {new} with the host's administrator, then record it: {scan} >> {kh}",
+        )
+    old = ", ".join(fingerprint(k) for k in client.recorded) if client and client.recorded else "unknown"
+    forget = f"ssh-keygen -R {shlex.quote(pattern)} -f {kh}"
+    accept = (
+        f"{forget} && {scan} >> {kh}"
+        if getattr(node, "host_key_policy", "accept-new") == "strict"
+        else f"{forget}, then rerun (host_key_policy accept-new records the new key)"
+    )
+    return HostKeyMismatch(
+        f"host key for {pattern} changed: recorded {old}, offered {new}",
+        host=node.name,
+        hint=f"if the change is expected (the host was reinstalled), check {new} with its administrator, "
+        f"then accept it: {accept}",
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Connect
 
 
-def _classify(exc: BaseException, node: Any, client: _Client | None) -> BootstrapError:
+def _classify(exc: BaseException, node: Any, client: _Client | None, known_hosts: Path) -> BootstrapError:
+    """A typed error whose message does not repeat the node's name (callers show it beside it)."""
     where = f"{node.user}@{host_pattern(node.host, node.port)}"
     name = getattr(node, "name", node.host)
     if isinstance(exc, asyncssh.HostKeyNotVerifiable) or (
         client and client.verdict in ("mismatch", "unknown")
     ):
-        if client is not None and client.verdict == "unknown":
-            return HostKeyMismatch(
-                f"{name}: no recorded host key for {host_pattern(node.host, node.port)} "
-                "(host_key_policy strict)",
-                host=name,
-                hint="add the host's key to Tangram's known_hosts file, or use host_key_policy: accept-new",
-            )
-        fp = f" (offered {client.fingerprint})" if client and client.fingerprint else ""
-        return HostKeyMismatch(
-            f"{name}: host key for {host_pattern(node.host, node.port)} changed{fp}", host=name
-        )
+        return _host_key_error(node, client, known_hosts)
     if isinstance(exc, asyncssh.PermissionDenied):
-        return AuthFailed(f"{name}: permission denied for {where} (public key)", host=name)
+        return AuthFailed(f"permission denied for {where} (public key)", host=name)
     if isinstance(exc, socket.gaierror):
-        return HostUnreachable(f"{name}: cannot resolve {node.host}: {exc.strerror or exc}", host=name)
+        return HostUnreachable(f"cannot resolve {node.host}: {exc.strerror or exc}", host=name)
     if isinstance(exc, asyncio.TimeoutError | TimeoutError):
-        return HostUnreachable(f"{name}: timed out connecting to {where}", host=name)
+        secs = node.connect_timeout_ms / 1000
+        return HostUnreachable(f"timed out after {secs:g}s connecting to {where}", host=name)
     if isinstance(exc, ConnectionRefusedError):
-        return HostUnreachable(
-            f"{name}: connection refused by {host_pattern(node.host, node.port)}", host=name
-        )
+        return HostUnreachable(f"connection refused by {host_pattern(node.host, node.port)}", host=name)
     if isinstance(exc, OSError | asyncssh.ConnectionLost):
-        return HostUnreachable(
-            f"{name}: cannot reach {where}: {getattr(exc, 'strerror', None) or exc}", host=name
-        )
+        return HostUnreachable(f"cannot reach {where}: {getattr(exc, 'strerror', None) or exc}", host=name)
     if isinstance(exc, asyncssh.Error):
-        return BootstrapError(f"{name}: ssh to {where} failed: {exc.reason}", host=name)
-    return BootstrapError(f"{name}: ssh to {where} failed: {type(exc).__name__}: {exc}", host=name)
+        return BootstrapError(f"ssh to {where} failed: {exc.reason}", host=name)
+    return BootstrapError(f"ssh to {where} failed: {type(exc).__name__}: {exc}", host=name)
 
 
 def _client_keys(node: Any) -> list[asyncssh.SSHKey] | None:
@@ -159,11 +197,13 @@ def _client_keys(node: Any) -> list[asyncssh.SSHKey] | None:
         return [asyncssh.read_private_key(path)]
     except (OSError, asyncssh.KeyImportError) as exc:
         raise AuthFailed(
-            f"{node.name}: cannot read identity_file {node.identity_file}: "
-            f"{getattr(exc, 'strerror', None) or exc}",
+            f"cannot read identity_file {node.identity_file}: {getattr(exc, 'strerror', None) or exc}",
             host=node.name,
             hint="point ssh.identity_file at an unencrypted private key (a dedicated deploy key)",
         ) from None
+
+
+RetryHook = Callable[[int, int, float, BootstrapError], None]
 
 
 async def connect(
@@ -174,31 +214,49 @@ async def connect(
     attempts: int = 3,
     backoff_s: float = 0.5,
     rng: random.Random | None = None,
+    on_retry: RetryHook | None = None,
 ) -> asyncssh.SSHClientConnection:
-    """Open an SSH connection to an inventory ``Node`` under Tangram's host-key policy."""
+    """Open an SSH connection to an inventory ``Node`` under Tangram's host-key policy.
+
+    ``HostUnreachable`` is retried up to ``attempts`` times in all; before each retry
+    ``on_retry(attempt, attempts, delay_s, error)`` is called. The last error says how many attempts
+    were made (``(3 attempts)``) and carries the count as ``attempts``."""
     store = KnownHosts(known_hosts_path)
     policy = policy or getattr(node, "host_key_policy", "accept-new")
     if policy not in ("accept-new", "strict"):
         raise BootstrapError(f"unknown host_key_policy {policy!r}")
     keys = _client_keys(node)
     rng = rng or random.Random()
-    for attempt in range(1, max(1, attempts) + 1):
+    attempts = max(1, attempts)
+    for attempt in range(1, attempts + 1):
         try:
             return await _connect_once(node, store, policy, keys)
-        except HostUnreachable:
+        except HostUnreachable as exc:
             if attempt >= attempts:
-                raise
-        delay = backoff_s * 2 ** (attempt - 1) * rng.uniform(0.5, 1.5)
-        log.info("%s unreachable, retry %d/%d in %.2fs", node.host, attempt, attempts - 1, delay)
+                raise _counted(exc, attempt) from exc.__cause__
+            delay = backoff_s * 2 ** (attempt - 1) * rng.uniform(0.5, 1.5)
+            log.info("%s unreachable, retry %d/%d in %.2fs", node.host, attempt, attempts - 1, delay)
+            if on_retry is not None:
+                on_retry(attempt, attempts, delay, exc)
         await asyncio.sleep(delay)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _counted(exc: BootstrapError, attempts: int) -> BootstrapError:
+    """``exc`` again, its message saying how many attempts were made (when more than one)."""
+    if attempts > 1:
+        exc = type(exc)(
+            f"{exc.message} ({attempts} attempts)", host=exc.host, hint=exc.hint, detail=exc.detail
+        )
+    exc.attempts = attempts  # type: ignore[attr-defined]
+    return exc
 
 
 async def _connect_once(
     node: Any, store: KnownHosts, policy: str, keys: list[asyncssh.SSHKey] | None
 ) -> asyncssh.SSHClientConnection:
     recorded = store.keys_for(node.host, node.port)
-    client = _Client(store, node.host, node.port, policy, bool(recorded))
+    client = _Client(store, node.host, node.port, policy, recorded)
     timeout = node.connect_timeout_ms / 1000
     options: dict[str, Any] = {
         "port": node.port,
@@ -218,7 +276,7 @@ async def _connect_once(
     try:
         return await asyncssh.connect(node.host, **options)
     except (TimeoutError, OSError, asyncssh.Error) as exc:
-        raise _classify(exc, node, client) from exc
+        raise _classify(exc, node, client, store.path) from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,18 +336,22 @@ async def upload(
     conn: asyncssh.SSHClientConnection,
     local: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | Mapping[str, bytes],
     remote_dir: str,
+    *,
+    marker: bool = True,
 ) -> bool:
     """Copy files over SFTP into ``remote_dir`` (0700, files 0600), then write ``.complete``
-    holding the bundle hash. Returns False (nothing sent) when ``.complete`` already matches."""
+    holding the bundle hash. Returns False (nothing sent) when ``.complete`` already matches.
+    ``marker=False``: always copy, and neither read nor write ``.complete``."""
     files = dict(local) if isinstance(local, Mapping) else read_tree(local)
     digest = plan.bundle_hash(files)
     base = plan.sftp_path(remote_dir)
     async with conn.start_sftp_client() as sftp:
-        marker = f"{base}/.complete"
-        with contextlib.suppress(asyncssh.SFTPError, OSError):
-            async with sftp.open(marker, "rb") as f:
-                if (await f.read()).decode(errors="replace").strip() == digest:
-                    return False
+        complete = f"{base}/.complete"
+        if marker:
+            with contextlib.suppress(asyncssh.SFTPError, OSError):
+                async with sftp.open(complete, "rb") as f:
+                    if (await f.read()).decode(errors="replace").strip() == digest:
+                        return False
         await _makedirs(sftp, base)
         for rel in sorted(files):
             if rel.startswith("/") or ".." in rel.split("/"):
@@ -298,7 +360,8 @@ async def upload(
             if parent:
                 await _makedirs(sftp, f"{base}/{parent}")
             await _write(sftp, f"{base}/{rel}", files[rel])
-        await _write(sftp, marker, (digest + "\n").encode())
+        if marker:
+            await _write(sftp, complete, (digest + "\n").encode())
     return True
 
 
@@ -317,6 +380,37 @@ async def _write(sftp: asyncssh.SFTPClient, path: str, data: bytes) -> None:
     async with sftp.open(tmp, "wb", asyncssh.SFTPAttrs(permissions=0o600)) as f:
         await f.write(data)
     await sftp.posix_rename(tmp, path)
+
+
+async def check_node(
+    conn: asyncssh.SSHClientConnection, run_dir: str, bundle_dir: str, venv: str
+) -> plan.NodeCheck:
+    """What `up` needs to know about a node, read over one SFTP session (no shell runs): the login's
+    home, whether the agent of ``run_dir`` runs (its ``agent.pid`` names a live process whose
+    command line mentions ``agent``), the sha256 of the files `up` writes there, the bundle's
+    ``.complete`` hash and whether the venv is ready (``.ready``)."""
+    run, bdir = plan.sftp_path(run_dir), plan.sftp_path(bundle_dir)
+    async with conn.start_sftp_client() as sftp:
+        home = await sftp.realpath(".")
+        pid = (await _read_small(sftp, f"{run}/agent.pid") or b"").decode(errors="replace").strip()
+        cmdline = await _read_small(sftp, f"/proc/{pid}/cmdline") if pid.isdigit() else None
+        hashes = {}
+        for name in plan.RUN_FILES:
+            data = await _read_small(sftp, f"{run}/{name}")
+            if data is not None:
+                hashes[name] = hashlib.sha256(data).hexdigest()
+        marker = (await _read_small(sftp, f"{bdir}/.complete") or b"").decode(errors="replace").strip()
+        ready = await sftp.exists(f"{plan.sftp_path(venv)}/.ready")
+    return plan.NodeCheck(home, bool(cmdline and b"agent" in cmdline), hashes, marker, bool(ready))
+
+
+async def _read_small(sftp: asyncssh.SFTPClient, path: str, limit: int = 1 << 20) -> bytes | None:
+    """A small remote file's bytes, or None when it cannot be read."""
+    try:
+        async with sftp.open(path, "rb") as f:
+            return bytes(await f.read(limit))
+    except (asyncssh.SFTPError, OSError):
+        return None
 
 
 async def probe(

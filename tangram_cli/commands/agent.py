@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from agent import link
+from agent.config import AgentConfig, parse_mib
 from tangram_cli.params import Duration, deprecated
 
 
@@ -68,9 +70,6 @@ def command(controller: str | None, name: str | None, cluster: str | None, clust
 
     Exit codes: 0 stopped, 1 failure, 2 bad configuration, 3 rejected by the controller.
     """
-    from agent.config import AgentConfig, parse_mib
-    from agent.link import main
-
     if controller is None and config_file is None:
         raise click.UsageError("give --controller tcp://HOST:PORT (or a --config file that has it)")
     if gpu_memory is not None:
@@ -86,4 +85,4 @@ def command(controller: str | None, name: str | None, cluster: str | None, clust
         log_level=log_level.upper() if log_level else None, orphan_timeout_s=orphan_timeout,
         trusted_code_only=trusted_code_only,
     )
-    sys.exit(main(cfg))
+    sys.exit(link.main(cfg))

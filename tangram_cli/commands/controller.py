@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
+from tangram_cli.controller.config import ControllerConfig, load_config
+from tangram_cli.controller.daemon import Options, run_controller
+from tangram_cli.controller.state import check_bind
 from tangram_cli.params import Duration
 
 
@@ -124,31 +129,20 @@ def command(
     SIGTERM/SIGINT stop it (agents keep running); SIGUSR1 also shuts the agents down
     (the `tangram down` path). Clients connect to tcp://BIND:SUBMIT_PORT.
     """
-    import dataclasses
-
-    from tangram_cli.controller.config import load_config
-    from tangram_cli.controller.daemon import Options, run_controller
-    from tangram_cli.controller.state import check_bind
-
     config = load_config(config_path)
     certs = certs or config.certs
     try:
         check_bind(bind, curve=bool(certs))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--bind") from None
-    changes: dict[str, object] = {}
-    if client_grace is not None:
-        changes["client_grace_s"] = client_grace
-    if heartbeat is not None:
-        changes["heartbeat_s"] = heartbeat
-    if cluster is not None:
-        changes["cluster"] = cluster
-    if max_outstanding_per_client is not None:
-        changes["max_outstanding_per_client"] = max_outstanding_per_client
-    if max_queued is not None:
-        changes["max_queued"] = max_queued
-    if changes:
-        config = dataclasses.replace(config, **changes)
+    config = _with_flags(
+        config,
+        client_grace_s=client_grace,
+        heartbeat_s=heartbeat,
+        cluster=cluster,
+        max_outstanding_per_client=max_outstanding_per_client,
+        max_queued=max_queued,
+    )
     options = Options(
         bind=bind,
         agents_port=agents_port,
@@ -162,3 +156,9 @@ def command(
         log_format=log_format,
     )
     raise SystemExit(run_controller(config, options))
+
+
+def _with_flags(config: ControllerConfig, **flags: object) -> ControllerConfig:
+    """``config`` with the fields the flags given set (a flag left out is None: the file's value stays)."""
+    changes = {key: value for key, value in flags.items() if value is not None}
+    return dataclasses.replace(config, **changes) if changes else config

@@ -13,14 +13,18 @@ import sys
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
+from tangram_cli import demo_workload as dw
 from tangram_cli import state as st
+from tangram_cli.bootstrap import local
 from tangram_cli.params import output_option, verbosity
+from tangram_cli.render import status as rs
 
 
 def _cluster_cores(records: dict[str, Any]) -> int:
-    from tangram_cli.render import status as rs
-
     nodes = [r for r in rs.rows(records, "nodes") if rs.healthy(r)]
     cores = [int(r.get("cpus_total") or 0) for r in nodes]
     return max(1, sum(cores))
@@ -32,7 +36,6 @@ def _ensure_cluster(quiet: bool) -> tuple[str, str | None]:
     if addr:
         live = [s for s in st.running() if s.address == addr]
         return addr, live[0].status_address if live else None
-    from tangram_cli.bootstrap import local
 
     def say(msg: str) -> None:
         if not quiet:
@@ -53,8 +56,6 @@ def _fmt(v: float | None, unit: str = "") -> str:
 
 
 def render_table(summary: dict[str, Any], cfg: Any) -> Any:
-    from rich.table import Table
-
     pol = summary["policies"]
     ratio = summary["static_over_tangram"]
     t = Table(
@@ -141,8 +142,6 @@ def command(
 
     Starts the local cluster when none runs (TANGRAM_ADDR names another).
     """
-    from tangram_cli import demo_workload as dw
-
     quiet = output == "json" or verbosity()[1] > 0
     addr, status_addr = _ensure_cluster(quiet)
     cores = os.cpu_count() or 1
@@ -161,28 +160,10 @@ def command(
     results = _run(addr, cfg, order, quiet)
     summary = dw.compare(results)
     if output == "json":
-        click.echo(
-            json.dumps(
-                {"workload": workload, "address": addr, "config": dw.config_dict(cfg), **summary},
-                sort_keys=True,
-            )
-        )
+        doc = {"workload": workload, "address": addr, "config": dw.config_dict(cfg), **summary}
+        click.echo(json.dumps(doc, sort_keys=True))
     else:
-        from rich.console import Console
-
-        console = Console(highlight=False)
-        if not console.is_terminal:
-            console = Console(highlight=False, width=100)
-        console.print(render_table(summary, cfg))
-        click.echo(
-            "tangram: cores per action (elastic test runs); static: k cores held per trajectory "
-            "from sandbox open to close (a pod per trajectory). ACT = queueing + run time."
-        )
-        from tangram_cli.demo_workload import speed_sentence
-
-        line = speed_sentence(summary["static_over_tangram"].get("mean_act_s"))
-        if line:
-            click.echo(line)
+        _print_summary(summary, cfg)
     if any(res.failed for res in results.values()):
         for res in results.values():
             for e in res.errors[:3]:
@@ -190,12 +171,22 @@ def command(
         sys.exit(1)
 
 
+def _print_summary(summary: dict[str, Any], cfg: Any) -> None:
+    """The table of both policies, what they mean, and the speed-up in a sentence."""
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=100)
+    console.print(render_table(summary, cfg))
+    click.echo(
+        "tangram: cores per action (elastic test runs); static: k cores held per trajectory "
+        "from sandbox open to close (a pod per trajectory). ACT = queueing + run time."
+    )
+    line = dw.speed_sentence(summary["static_over_tangram"].get("mean_act_s"))
+    if line:
+        click.echo(line)
+
+
 def _run(addr: str, cfg: Any, order: list[str], quiet: bool) -> dict[str, Any]:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from tangram_cli import demo_workload as dw
-
     console = Console(stderr=True, highlight=False)
     total = cfg.trajectories * cfg.actions_per_trajectory()
     results: dict[str, Any] = {}

@@ -18,22 +18,30 @@ import json
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import click
 
+from tangram.errors import TangramError
 from tangram_cli import state as st
 from tangram_cli.params import Duration, output_option
 
 
 def down_cluster(
-    name: str, *, force: bool, purge: bool, timeout_s: float, echo: Callable[[str], None] = click.echo
+    name: str,
+    *,
+    force: bool,
+    purge: bool,
+    timeout_s: float,
+    echo: Callable[[str], None] = click.echo,
+    inventory: str | None = None,
 ) -> int:
-    """Stop cluster ``name``; returns the exit code (0, or 3 when some SSH host could not be reached)."""
-    from tangram_cli.bootstrap import local
-
+    """Stop cluster ``name``; returns the exit code (0, or 3 when some SSH host could not be reached,
+    or could not be purged). With ``purge`` the nodes of ``inventory`` are purged too, state or not."""
     with st.locked(name, timeout_s=timeout_s + 30):
         state = st.load(name)
-        if state is None:
+        hosts, optional = _ssh_hosts(name, state, inventory, purge=purge)
+        if state is None and not hosts:
             if purge:
                 st.remove(name, purge=True)
             echo(
@@ -41,37 +49,116 @@ def down_cluster(
                 "no containers were removed, as only a cluster's state names its containers)"
             )
             return 0
-        alive = state.controller_alive()
-        if alive:
-            echo(f"stopping controller pid {state.controller_pid} (drain, shut agents down)...")
-            # SIGUSR1 is the controller's `down` path: Shutdown("down") to every agent, which then
-            # removes its sandboxes; SIGTERM alone would leave the agents running for a restart.
-            how = local.terminate(
-                state.controller_pid, timeout_s=timeout_s, words=("tangram",), first=signal.SIGUSR1
-            )
-            if how == "killed":
-                echo(f"controller did not stop within {timeout_s:g}s: killed")
+        if state is not None:
+            _stop_here(state, force=force, timeout_s=timeout_s, echo=echo)
         else:
-            echo(f"controller of {name!r} was not running (stale state)")
-        stopped = local.stop_local_agents(
-            state, timeout_s=5.0 if not force else 1.0, grace_s=5.0 if alive and not force else 0.5
-        )
-        for s in stopped:
-            echo(f"stopped agent {s} by pid")
-        code = 0
-        remote_hosts = [h for h in state.hosts if h.connection == "ssh"]
-        if remote_hosts:
-            from tangram_cli.bootstrap import remote
+            echo(f"nothing is running for cluster {name!r}; purging what `up` left on {len(hosts)} node(s)")
+        failed = _visit(hosts, optional, state.cluster_id if state else "", purge=purge, echo=echo)
+        if state is not None:
+            _sweep_containers(state, echo)
+        return _forget(name, purge=purge, failed=failed, inventory=inventory, echo=echo)
 
-            failures = remote.stop_agents(state, purge=purge, echo=echo)
-            if failures:
-                for host, why in failures.items():
-                    echo(f"  {host}: {why}")
-                code = 3
-        _sweep_containers(state, echo)
-        st.remove(name, purge=purge)
-        echo(f"cluster {name} is down" + (" (purged)" if purge else ""))
-        return code
+
+def _visit(
+    hosts: list[Any], optional: set[str], cluster_id: str, *, purge: bool, echo: Callable[[str], None]
+) -> list[Any]:
+    """Stop (and purge) the SSH hosts; returns those that failed, except ``optional`` ones (inventory
+    nodes `up` never logged in to: they hold nothing of the cluster), which are only mentioned."""
+    from tangram_cli.bootstrap import teardown
+
+    done = teardown.stop_hosts(hosts, cluster_id, purge=purge) if hosts else {}
+    for host, d in done.items():
+        if d.ok and d.did:
+            echo(f"{host}: {d.did}")
+        elif not d.ok and host in optional:
+            echo(
+                f"  {host}: skipped ({d.error}): `up` never logged in there, so it holds nothing "
+                "of this cluster"
+            )
+        elif not d.ok:
+            echo(f"  {host}: {d.error}" + (f"\n    To fix: {d.hint}" if d.hint else ""))
+    return [h for h in hosts if not done[h.name].ok and h.name not in optional]
+
+
+def _stop_here(state: st.ClusterState, *, force: bool, timeout_s: float, echo: Callable[[str], None]) -> None:
+    """The controller (SIGUSR1: its `down` path), then local agents still running, by pid."""
+    from tangram_cli.bootstrap import local
+
+    alive = state.controller_alive()
+    if alive:
+        echo(f"stopping controller pid {state.controller_pid} (drain, shut agents down)...")
+        # SIGUSR1 is the controller's `down` path: Shutdown("down") to every agent, which then
+        # removes its sandboxes; SIGTERM alone would leave the agents running for a restart.
+        how = local.terminate(
+            state.controller_pid, timeout_s=timeout_s, words=("tangram",), first=signal.SIGUSR1
+        )
+        if how == "killed":
+            echo(f"controller did not stop within {timeout_s:g}s: killed")
+    else:
+        echo(f"controller of {state.name!r} was not running (stale state)")
+    stopped = local.stop_local_agents(
+        state, timeout_s=5.0 if not force else 1.0, grace_s=5.0 if alive and not force else 0.5
+    )
+    for s in stopped:
+        echo(f"stopped agent {s} by pid")
+
+
+def _ssh_hosts(
+    name: str, state: st.ClusterState | None, inventory: str | None, *, purge: bool
+) -> tuple[list[Any], set[str]]:
+    """The SSH hosts `down` visits: those running agents; with ``purge`` also every host `up` logged in
+    to (the footprint) and every node of ``inventory``, and the names of the inventory's nodes that
+    the footprint shows `up` never logged in to (nothing to purge there). A purge that would strand
+    a node's copy of the cluster's keys (no footprint, no inventory: a cluster recorded before
+    footprints) is refused."""
+    from tangram_cli.bootstrap import teardown
+
+    running = [h for h in state.hosts if h.connection == "ssh"] if state else []
+    if not purge:
+        return running, set()
+    from_inventory = []
+    if inventory:
+        from tangram_cli.inventory import load_inventory
+
+        inv = load_inventory(inventory)
+        from_inventory = [teardown.host_state(n, inv.cluster) for n in inv.nodes if n.connection == "ssh"]
+    recorded = teardown.load_footprint(name)
+    hosts = teardown.merge(running, recorded or [], from_inventory)
+    touched = {h.name for h in [*running, *(recorded or [])]}
+    optional = {h.name for h in from_inventory if h.name not in touched} if recorded is not None else set()
+    unknown = [] if inventory else teardown.unrecorded_nodes(name, [*(state.hosts if state else []), *hosts])
+    if unknown:
+        raise TangramError(
+            f"cannot purge cluster {name!r}: nodes {', '.join(unknown)} may hold its keys (agent.key_secret, "
+            "controller.key), and no record says where they are; deleting the local state would strand them",
+            hint="give the inventory: `tangram down INVENTORY --purge` reaches its nodes; or, if those "
+            f"nodes are gone, delete {st.cluster_dir(name)} yourself",
+        )
+    return hosts, optional
+
+
+def _forget(
+    name: str, *, purge: bool, failed: list[Any], inventory: str | None, echo: Callable[[str], None]
+) -> int:
+    """Delete the local state; with ``purge`` only once every node was purged: else state.json goes
+    (nothing runs) but the cluster directory stays, its footprint listing the nodes still to purge."""
+    if purge and failed:
+        from tangram_cli.bootstrap import teardown
+        from tangram_cli.hostlist import compress
+
+        st.remove(name)
+        teardown.write_footprint(name, failed)
+        again = f"tangram down {inventory} --purge" if inventory else f"tangram down -c {name} --purge"
+        echo(
+            f"kept {st.cluster_dir(name)}: {compress([h.name for h in failed])} could not be purged and "
+            f"still hold the cluster's files (agent.key_secret, controller.key); run `{again}` once they "
+            "can be reached, or delete that directory yourself to give up on them"
+        )
+        echo(f"cluster {name} is down (not purged)")
+        return 3
+    st.remove(name, purge=purge)
+    echo(f"cluster {name} is down" + (" (purged)" if purge else ""))
+    return 3 if failed else 0
 
 
 def _sweep_containers(state: st.ClusterState, echo: Callable[[str], None]) -> None:
@@ -130,7 +217,7 @@ def command(
         live = st.running()
         name = live[0].name if len(live) == 1 else st.DEFAULT_CLUSTER
     if output != "json":
-        sys.exit(down_cluster(name, force=force, purge=purge, timeout_s=timeout))
+        sys.exit(down_cluster(name, force=force, purge=purge, timeout_s=timeout, inventory=inventory))
     before = st.load(name)
     was_running = bool(before and before.controller_alive())
     messages: list[str] = []
@@ -139,7 +226,7 @@ def command(
         messages.append(msg)
         click.echo(msg, err=True)
 
-    code = down_cluster(name, force=force, purge=purge, timeout_s=timeout, echo=echo)
+    code = down_cluster(name, force=force, purge=purge, timeout_s=timeout, echo=echo, inventory=inventory)
     doc = {
         "cluster": name,
         "found": before is not None,

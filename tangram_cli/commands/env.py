@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import click
 
@@ -17,8 +18,6 @@ from tangram_cli.params import output_option
 def command(cluster: str | None, shell: str, output: str) -> None:
     """Print `export TANGRAM_ADDR=...` (and `TANGRAM_CERTS=...` when the cluster uses CURVE) for a
     running cluster (eval it in your shell)."""
-    import shlex
-
     state = st.find(cluster)
     pairs = [("TANGRAM_ADDR", state.address), ("TANGRAM_CLUSTER", state.name)]
     if state.certs:

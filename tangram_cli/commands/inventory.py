@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.table import Table
 
+from tangram_cli.errors import InventoryError
+from tangram_cli.hostlist import compress
+from tangram_cli.inventory import format_cpuset, load_inventory, local_default, to_json
 from tangram_cli.params import output_option
 
 ENV = "TANGRAM_INVENTORY"
@@ -17,8 +22,6 @@ FILE_HELP = f"FILE defaults to ${ENV}, or to the embedded local default when tha
 
 
 def _load(file: str | None) -> tuple[Any, str]:
-    from tangram_cli.inventory import load_inventory, local_default
-
     path = file or os.environ.get(ENV) or None
     if path is None:
         return local_default(), "<local default>"
@@ -26,8 +29,6 @@ def _load(file: str | None) -> tuple[Any, str]:
 
 
 def _summary(inv: Any) -> str:
-    from tangram_cli.hostlist import compress
-
     roles: dict[str, list[str]] = {}
     for node in inv.nodes:
         roles.setdefault(node.role, []).append(node.name)
@@ -55,8 +56,6 @@ def validate(file: str | None, output: str) -> None:
 
     FILE defaults to $TANGRAM_INVENTORY, or to the embedded local default.
     """
-    from tangram.errors import InventoryError
-
     as_json = output == "json"
     try:
         inv, source = _load(file)
@@ -92,8 +91,6 @@ def show(file: str | None, output: str) -> None:
 
     FILE defaults to $TANGRAM_INVENTORY, or to the embedded local default.
     """
-    from tangram_cli.inventory import to_json
-
     inv, _ = _load(file)
     if output == "json":
         click.echo(to_json(inv))
@@ -102,11 +99,6 @@ def show(file: str | None, output: str) -> None:
 
 
 def _table(inv: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from tangram_cli.inventory import format_cpuset
-
     c = inv.controller
     ports = f"{c.ports.agents}/{c.ports.submit}/{c.ports.status}"
     head = f"cluster {inv.cluster}  controller {c.bind} (advertise {c.advertise}, ports {ports})"

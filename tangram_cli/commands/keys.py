@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from tangram_cli import keys
 from tangram_cli import state as st
 from tangram_cli.params import output_option
 
@@ -53,8 +54,6 @@ def command() -> None:
 @output_option("text", "json", help="text; json: the key's name, role, fingerprint and certs directory.")
 def add(name: str, cluster: str | None, out: str | None, output: str) -> None:
     """Create client keypair NAME: public key on the allow-list, secret in a TANGRAM_CERTS directory."""
-    from tangram_cli import keys
-
     cluster = _cluster(cluster)
     info, where = keys.add_client(cluster, name, Path(out) if out else None)
     if output == "json":
@@ -76,8 +75,6 @@ def add(name: str, cluster: str | None, out: str | None, output: str) -> None:
 @output_option("table", "json")
 def list_(cluster: str | None, output: str) -> None:
     """The keys on the cluster's allow-lists: name, role, fingerprint."""
-    from tangram_cli import keys
-
     cluster = _cluster(cluster)
     found = keys.list_keys(cluster)
     if output == "json":
@@ -96,8 +93,6 @@ def list_(cluster: str | None, output: str) -> None:
 @_CLUSTER
 def revoke(name: str, cluster: str | None) -> None:
     """Remove client key NAME from the allow-list: new connections with it are refused."""
-    from tangram_cli import keys
-
     cluster = _cluster(cluster)
     info = keys.revoke_client(cluster, name)
     click.echo(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from tangram_cli import logview
 from tangram_cli.params import output_option
 
 
@@ -38,8 +39,6 @@ def command(which: str, cluster: str | None, follow: bool, lines: int, output: s
       tangram logs node-a -n 20 -c rl-exp-42
       tangram logs -o json | jq 'select(.level == "ERROR")'
     """
-    from tangram_cli import logview
-
     name = logview.cluster_name(cluster)
     src = logview.pick(name, which)
     convert = logview.converter(output)

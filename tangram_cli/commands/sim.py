@@ -7,11 +7,24 @@ tangram sim --experiment fig8-cpu --plot fig8cpu.png
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
+from tangram.journal import Journal
+from tangram.sim import workloads
+from tangram.sim.baselines import parse_policy
+from tangram.sim.cluster import ClusterSpec, load_cluster
+from tangram.sim.engine import Engine
+from tangram.sim.experiments import BASELINE, run_experiment
+from tangram.sim.metrics import summarize
+from tangram.sim.plots import _plt, plot_experiment, plot_runs
+from tangram.sim.report import TOLERANCE, RunProgress, compare, fmt_value, planned_runs
 from tangram_cli.params import deprecated, output_option, verbosity
 
 ROWS = [
@@ -32,6 +45,10 @@ ROWS = [
     ("gpu_held_s", "GPU held GPU-s"),
     ("gpu_util", "GPU utilisation"),
     ("restore_share", "GPU restore share"),
+    ("gpu_act_s", "mean GPU ACT (s)"),
+    ("prewakes", "GPU pre-wakes"),
+    ("api_429", "API 429s to rollout code"),
+    ("keyed_share", "keyed API served / keys' limits"),
     ("events", "core events"),
     ("events_per_s", "events / s (wall)"),
 ]
@@ -43,6 +60,7 @@ RATIO_KEYS = {
     "reward_act_s",
     "total_act_s",
     "step_time_s",
+    "gpu_act_s",
 }
 
 
@@ -70,8 +88,6 @@ def _fmt(v: Any) -> str:
 
 
 def _table(doc: dict[str, dict[str, Any]], title: str) -> Any:
-    from rich.table import Table
-
     pols = list(doc)
     table = Table(title=title)
     table.add_column("metric")
@@ -94,9 +110,6 @@ class _Bar:
     """A rich progress bar on stderr (plain lines when stderr is not a terminal)."""
 
     def __init__(self, quiet: bool) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
         self.console = Console(stderr=True)
         self.progress = (
             None
@@ -218,24 +231,16 @@ def command(
     journal_dir: str | None,
 ) -> None:
     """Simulate workloads under several policies in virtual time, with the real core."""
-    from tangram.sim.cluster import load_cluster
-
     as_json = output == "json"
     workload = click.get_current_context().meta.get("sim_workload", workload)
     spec = load_cluster(cluster_file) if cluster_file else None
     if cpu_nodes is not None or gpus is not None:
-        from dataclasses import replace
-
-        from tangram.sim.cluster import ClusterSpec
-
         spec = spec or ClusterSpec()
         if cpu_nodes is not None:
             spec = replace(spec, cpu_nodes=cpu_nodes)
         if gpus is not None:
             spec = spec.with_gpus(gpus)
     if plot:
-        from tangram.sim.plots import _plt
-
         _plt()  # fail before a long run if matplotlib is missing
     if experiment:
         _experiment(experiment, seed, spec, batch, as_json, plot)
@@ -244,8 +249,6 @@ def command(
 
 
 def _open_journal(journal_dir: str, workload: str, name: str, batch: int, seed: int) -> Any:
-    from tangram.journal import Journal
-
     Path(journal_dir).mkdir(parents=True, exist_ok=True)
     safe = name.replace(":", "_").replace("+", "_")
     return Journal.to_path(
@@ -269,12 +272,6 @@ def _runs(
     plot: str | None,
     journal_dir: str | None,
 ) -> None:
-    from tangram.sim import workloads
-    from tangram.sim.baselines import parse_policy
-    from tangram.sim.engine import Engine
-    from tangram.sim.experiments import BASELINE
-    from tangram.sim.metrics import summarize
-
     wl = workloads.load(workload)
     names = list(dict.fromkeys(policies or ("tangram", BASELINE.get(wl.name, "k8s"))))
     parsed = [parse_policy(p) for p in names]  # all errors before any run
@@ -299,37 +296,24 @@ def _runs(
                     journal.close()
             doc[name] = summarize(r)
     if plot:
-        from tangram.sim.plots import plot_runs
-
         plot_runs(doc, plot, f"{wl.name}, batch {batch}, seed {seed} (simulated)")
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
-    from rich.console import Console
-
     Console().print(_table(doc, f"{wl.name}: batch {batch}, {steps} step(s), seed {seed} (simulated)"))
 
 
 def _experiment(name: str, seed: int, spec: Any, batch: int | None, as_json: bool, plot: str | None) -> None:
-    from tangram.sim.experiments import run_experiment
-    from tangram.sim.report import RunProgress, planned_runs
-
     quiet = verbosity()[1] > 0
     nodes = spec.cpu_nodes if spec is not None else 15
     progress = RunProgress(planned_runs(name, nodes), lambda line: quiet or click.echo(line, err=True))
     doc = run_experiment(name, seed, spec, progress.note, batch)
     if plot:
-        from tangram.sim.plots import plot_experiment
-
         plot_experiment(doc, plot)
     if as_json:
-        from tangram.sim.report import compare
-
         doc["vs_paper"] = [r.as_dict() for r in compare(doc)]
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
-    from rich.console import Console
-
     console = Console()
     if not console.is_terminal:
         console = Console(width=max(console.width, 200))
@@ -338,8 +322,6 @@ def _experiment(name: str, seed: int, spec: Any, batch: int | None, as_json: boo
 
 
 def _runs_table(doc: dict[str, Any], title: str) -> Any:
-    from rich.table import Table
-
     t = Table(title=title)
     for col in _EXPERIMENT_COLUMNS:
         t.add_column(col, justify="left" if col in ("workload", "policy") else "right", overflow="fold")
@@ -350,10 +332,6 @@ def _runs_table(doc: dict[str, Any], title: str) -> Any:
 
 def _paper_table(doc: dict[str, Any]) -> Any:
     """Ours next to the paper's, with the ratio and a flag beyond the tolerance."""
-    from rich.table import Table
-
-    from tangram.sim.report import TOLERANCE, compare, fmt_value
-
     t = Table(
         title=f"{doc['experiment']}: ours vs the paper (OFF: ours / paper outside ±{TOLERANCE:.0%}; "
         "reasons in docs/simulator.md §4)"

@@ -20,6 +20,10 @@ from tangram_cli import state as st
 from tangram_cli.params import Duration, output_option
 from tangram_cli.render import status as rs
 
+# Imported where used, not here: `tangram_cli.bootstrap` (only an inventory argument or a failed
+# `up` needs it) and rich (only tables need it). Scripts poll `status -o json`; both would add to
+# every call's start-up time.
+
 
 def _target(inventory: str | None, cluster: str | None, output: str = "table") -> st.ClusterState:
     name = cluster

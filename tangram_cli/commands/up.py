@@ -146,9 +146,11 @@ def command(
     path = inventory or inventory_opt or os.environ.get("TANGRAM_INVENTORY") or None
     verbose, quiet = verbosity(ctx)
     if path:
+        _refuse_local_flags(ctx, path, executor=executor, gpus=gpus, gpu_mem=gpu_mem, curve=curve)
         options = dict(limit=limit, parallel=parallel, timeout_s=timeout_s, allow_partial=allow_partial)
-        options.update(force=force, output=output, verbose=verbose)
-        sys.exit(_up_inventory(path, dry_run, replace, foreground, quiet > 0, options))
+        options.update(force=force)
+        view = {"output": output, "verbose": verbose, "quiet": quiet > 0}
+        sys.exit(_up_inventory(path, dry_run, replace, foreground, options, view))
     if dry_run:
         click.echo(
             "local default: start `tangram controller` on 127.0.0.1 (free ports) and one agent "
@@ -167,17 +169,72 @@ def command(
 
 
 def _up_inventory(
-    path: str, dry_run: bool, replace: bool, foreground: bool, quiet: bool, options: dict[str, Any]
+    path: str, dry_run: bool, replace: bool, foreground: bool, options: dict[str, Any], view: dict[str, Any]
 ) -> int:
-    """`up INVENTORY`: bootstrap over SSH (bootstrap/remote.py); the exit code."""
+    """`up INVENTORY`: bootstrap over SSH (bootstrap/remote.py), show it (render/up.py); the exit code."""
     from tangram_cli.bootstrap import remote
+    from tangram_cli.render import up as show
 
-    if replace and not dry_run:
-        _replace(remote.cluster_name(path), quiet=quiet)
-    code = remote.up_command(path, dry_run=dry_run, **options)
-    if foreground and code in (0, 3) and not dry_run:
-        _stay(remote.cluster_name(path))
+    if dry_run:
+        _dry_run(path, options["limit"], view["verbose"])
+        return 0
+    if replace:
+        _replace(remote.cluster_name(path), quiet=view["quiet"])
+    json_out = view["output"] == "json"
+    with show.Progress(quiet=view["quiet"] or json_out, verbose=view["verbose"]) as progress:
+        outcome = remote.up_inventory(path, remote.UpOptions(**options), emit=progress, say=progress.say)
+    code = show.print_outcome(outcome, json_out=json_out)
+    if foreground and code in (0, 3):
+        _stay(outcome.state.name)
     return code
+
+
+def _dry_run(path: str, limit: str | None, verbose: int) -> None:
+    """`up INVENTORY --dry-run`: the plan, then the checks only this machine can make (preflight.py)."""
+    from tangram_cli import keys
+    from tangram_cli.bootstrap import bundle, plan, remote
+    from tangram_cli.inventory import load_inventory, preflight
+
+    inv = load_inventory(path)  # InventoryError: exit 2 with every problem
+    nodes = remote.select(inv, limit)
+    ctl = inv.controller
+    click.echo(
+        f"cluster {inv.cluster}: controller on this machine, bind {ctl.bind}, advertise {ctl.advertise}, "
+        f"ports agents {ctl.ports.agents or 'free'} submit {ctl.ports.submit or 'free'} "
+        f"status {ctl.ports.status or 'free'}"
+    )
+    click.echo(
+        f"CURVE keys: {keys.certs_dir(inv.cluster)} (created if missing; each node gets only its own key)"
+    )
+    digest = bundle.build().digest
+    click.echo(plan.render(plan.plan(nodes, inv.cluster, digest), verbose=verbose > 0), nl=False)
+    preflight.check(inv, nodes)  # InventoryError (exit 2) naming each key
+
+
+# Flags of the local default, and where an inventory says the same.
+LOCAL_ONLY = {
+    "executor": ("--executor", "`executor:`"),
+    "gpus": ("--gpus", "`gpus:` (with `emulated_gpus: true`)"),
+    "gpu_mem": ("--gpu-mem", "`gpu_mem:`"),
+}
+
+
+def _refuse_local_flags(ctx: click.Context, path: str, **values: object) -> None:
+    """Flags that only shape the local default are a usage error (exit 2) with an inventory, each
+    named with where the inventory sets the same; ``--curve`` is what an inventory does anyway."""
+    problems = []
+    for key, value in _wanted(ctx, **values).items():
+        if key == "curve":
+            if not value:
+                problems.append("--insecure (an inventory cluster always uses CURVE)")
+            continue
+        flag, field = LOCAL_ONLY[key]
+        problems.append(f"{flag} (set {field} per group or host in the inventory)")
+    if problems:
+        raise click.UsageError(
+            f"{'; '.join(problems)}: only for the local default (`tangram up` without an inventory), "
+            f"not with inventory {path}"
+        )
 
 
 def since(started_at: float, now: float | None = None) -> str:

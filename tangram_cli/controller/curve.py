@@ -1,4 +1,4 @@
-"""CURVE "Ironhouse" on the controller's three ROUTER sockets (reliability.md section 4).
+"""CURVE "Ironhouse" on the controller's three ROUTER sockets (docs/security.md).
 
 - The controller holds the server keypair (``controller.key_secret`` in the certs directory).
 - One ``AsyncioAuthenticator`` runs in the controller's own context, started before any bind.

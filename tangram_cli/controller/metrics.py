@@ -141,47 +141,43 @@ class Metrics:
             self._ended.clear()
 
     # ------------------------------------------------------------ starts
-    # The hottest paths (an exec's or call's start and end) update `Hist` buckets inline: the same
-    # two lines as `Hist.observe`, without a method call each.
+    def _started(self, rec: ActionRecord, kind: str, now: float, resource: str | None, units: float) -> None:
+        """A start: its queue wait, the units it was granted (``resource`` None: counted already,
+        for its reserved sandbox) and its client's row. The hottest path (every exec's and call's
+        start) updates the `Hist` buckets inline: the same two lines as `Hist.observe`, without a
+        method call each."""
+        h, wait = self.wait[kind], now - rec.submitted
+        h.counts[bisect_left(h.bounds, wait)] += 1
+        h.total += wait
+        if resource is not None:
+            h = self.units[resource]
+            h.counts[bisect_left(h.bounds, units)] += 1
+            h.total += units
+        self.labels.usage(rec)
+
     def _spawn(self, c: cmd.Spawn, now: float) -> None:
         rec = self.actions.get(c.action_id)
         if rec is not None:
-            h, wait = self.wait["exec"], now - rec.submitted
-            h.counts[bisect_left(h.bounds, wait)] += 1
-            h.total += wait
-            if c.sandbox not in self.reserved_sandboxes:
-                h, n = self.units["cpu"], len(c.cores)
-                h.counts[bisect_left(h.bounds, n)] += 1
-                h.total += n
-            self.labels.usage(rec)
+            reserved = c.sandbox in self.reserved_sandboxes
+            self._started(rec, "exec", now, None if reserved else "cpu", len(c.cores))
 
     def _invoke(self, c: cmd.Invoke, now: float) -> None:
         rec = self.actions.get(c.action_id)
         if rec is not None:
-            h, wait = self.wait["call"], now - rec.submitted
-            h.counts[bisect_left(h.bounds, wait)] += 1
-            h.total += wait
-            h, n = self.units["gpu"], c.end - c.start
-            h.counts[bisect_left(h.bounds, n)] += 1
-            h.total += n
-            self.labels.usage(rec)
+            self._started(rec, "call", now, "gpu", c.end - c.start)
 
     def _grant(self, c: cmd.Grant, now: float) -> None:
         rec = self.actions.get(c.action_id)
         if rec is not None and not rec.final_sent:
-            self.wait["lease"].observe(now - rec.submitted)
-            self.units["api"].observe(rec.units)
+            self._started(rec, "lease", now, "api", rec.units)
             self.leases[c.action_id] = c.api
-            self.labels.usage(rec)
 
     def _reserve(self, c: cmd.Reserve, now: float) -> None:
         rec = self.actions.get(c.action_id)
         if rec is not None and not rec.final_sent:
-            self.wait["open"].observe(now - rec.submitted)
-            self.units["cpu"].observe(len(c.cores))
+            self._started(rec, "open", now, "cpu", len(c.cores))
             self.reserved[c.action_id] = (now, len(c.cores))
             self.reserved_sandboxes.add(c.sandbox)
-            self.labels.usage(rec)
 
     def _load(self, c: cmd.Load, now: float) -> None:
         self.restores[c.service] = self.restores.get(c.service, 0) + 1

@@ -127,11 +127,6 @@ class Registry:
 # ---------------------------------------------------------------- sockets
 
 
-def check_loopback(bind: str) -> None:
-    """Plain TCP only on loopback; with CURVE (``check_bind(bind, curve=True)``) any interface address."""
-    check_bind(bind, curve=False)
-
-
 WILDCARDS = ("*", "", "0", "0.0.0.0", "::", "[::]")
 
 
@@ -167,7 +162,7 @@ def check_bind(bind: str, *, curve: bool) -> None:
     """Refuse what would listen beyond this machine without keys, in any spelling.
 
     Never (CURVE or not) a wildcard: ``*``, ``0.0.0.0``, ``::``, ``[::]``, ``::ffff:0.0.0.0`` and
-    names resolving to one (reliability.md section 4: bind to a configured interface address). Without
+    names resolving to one (bind one configured interface address: docs/security.md). Without
     CURVE only loopback: ``127.0.0.0/8``, ``::1``, ``::ffff:127.x.y.z``, ``localhost``, and host names
     whose every address is loopback (names are resolved here, and the controller binds the address
     they resolve to: ``bind_host``)."""

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from tangram.errors import InventoryError
+from tangram_cli.errors import InventoryError
 from tangram_cli.inventory import model as m
 from tangram_cli.inventory.nodes import OverrideSpec, resolve_nodes
 from tangram_cli.inventory.problems import Problem, describe, did_you_mean, fmt_path, validate

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tangram.errors import InventoryError
+from tangram_cli.errors import InventoryError
 from tangram_cli.inventory.problems import Problem, fmt_path
 
 HINT = "fix the entries above, then rerun `tangram up --dry-run`"

@@ -1,4 +1,4 @@
-"""`tangram status` rendering: header, NODES / SERVICES / APIS / QUEUE tables (architecture.md section 8).
+"""`tangram status` rendering: header, NODES / SERVICES / APIS / QUEUE tables (docs/cli.md, `tangram status`).
 
 QUEUE lists running actions first (``R``/``CG``, at most ``RUNNING_SHOWN`` unless wide) and then the
 waiting ones (``PD``), as squeue does, with a line on how many more there are.

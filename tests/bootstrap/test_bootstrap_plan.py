@@ -1,7 +1,9 @@
-"""bootstrap/plan.py: pure builders, checked as strings and argv (style principle 7)."""
+"""bootstrap/plan.py: pure builders, checked as strings and argv (plan.py only builds command lines and
+scripts; the runners in ssh.py and remote.py execute them)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import subprocess
@@ -120,7 +122,31 @@ def test_install_command_is_idempotent_and_offline():
     )
     assert "--no-index --find-links" in cmd and cmd.endswith('touch "$HOME"/.t/c/venv-h/.complete; }')
     site = plan.install_command("python3", "/b", "/v", system_site_packages=True)
-    assert "--system-site-packages" in site and "pip" not in site
+    assert "--system-site-packages --without-pip" in site and "pip install" not in site
+
+
+def test_pip_install_uses_the_nodes_pip_or_ensurepip():
+    cmd = plan.pip_install_command("~/.t/c/venv-h", ["pyzmq", "msgpack"])
+    vpy = '"$HOME"/.t/c/venv-h/bin/python'
+    assert cmd == (
+        f"{{ {vpy} -m pip --version >/dev/null 2>&1 || {vpy} -m ensurepip --default-pip >/dev/null; }} && "
+        f"{vpy} -m pip install --quiet pyzmq msgpack"
+    )
+
+
+def test_node_check_names_the_files_that_differ():
+    seen = plan.NodeCheck("/root", False, {"agent.json": hashlib.sha256(b"{}").hexdigest()}, "", False)
+    assert seen.differing({"agent.json": b"{}", "controller.key": b"k"}) == ["controller.key"]
+    assert seen.differing({"agent.json": b"{ }"}) == ["agent.json"]
+
+
+def test_purge_command_removes_the_run_directory_and_an_empty_parent(tmp_path):
+    run = tmp_path / "work" / "c"
+    (run / "bundles").mkdir(parents=True)
+    (run / "agent.key_secret").write_text("s")
+    out = subprocess.run(["sh", "-c", plan.purge_command(str(run))], capture_output=True, text=True)
+    assert out.stdout.strip() == "gone" and not (tmp_path / "work").exists()
+    assert 'rmdir -- "$HOME"/w' in plan.purge_command("~/w/c") and "rmdir" not in plan.purge_command("~/c")
 
 
 def test_host_plan_steps_and_dry_run():
@@ -131,8 +157,9 @@ def test_host_plan_steps_and_dry_run():
     legacy = next(p for p in plans if p.node == "cpu-legacy")
     assert [s.name for s in legacy.steps] == list(plan.STEP_NAMES)
     assert legacy.destination == "ops@10.0.1.17:2222"
-    assert legacy.steps[1].command == "python3 -c 'import sys,json;exec(json.loads(sys.stdin.readline()))'"
-    assert f"bundles/{digest}" in legacy.steps[2].command
+    assert legacy.steps[1].command is None and "agent.pid" in legacy.steps[1].summary  # check: SFTP, no shell
+    assert legacy.steps[2].command == "python3 -c 'import sys,json;exec(json.loads(sys.stdin.readline()))'"
+    assert f"bundles/{digest}" in legacy.steps[3].summary
     text = plan.render(plans, verbose=True)
     assert text.startswith(f"bootstrap plan: {len(plans)} host(s), bundle {digest[:12]}")
     for name in plan.STEP_NAMES:
@@ -154,3 +181,26 @@ def test_ipv6_destination():
     plans = plan.plan(inv.nodes, "c", "0" * 64)
     assert plans[0].destination.endswith("@[fd00::1]:2222")
     assert plans[1].destination == "ops@[fd00::2]:22"
+
+
+def test_teardown_command_stops_the_agent_then_purges(tmp_path):
+    run = tmp_path / "work" / "c"
+    run.mkdir(parents=True)
+    (run / "agent.json").write_text(json.dumps({"cluster_id": "0123456789ab"}, indent=2))
+    (run / "agent.key_secret").write_text("s")
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "agent"])
+    try:
+        (run / "agent.pid").write_text(f"{agent.pid}\n")
+        cmd = plan.teardown_command(str(run), "", purge=True)
+        assert "cid=$(sed -n" in cmd and "label=tangram.cluster=" not in cmd
+        out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30)
+        assert out.stdout.split() == ["agent=stopped", "gone"], out.stderr
+        assert agent.wait(timeout=5) is not None and not (tmp_path / "work").exists()
+    finally:
+        agent.kill()
+        agent.wait()
+    again = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30)
+    assert again.stdout.split() == ["gone"]  # idempotent: nothing left, nothing running
+    keep = plan.teardown_command("~/w/c", "0123456789ab", purge=False)
+    assert "cid='0123456789ab'" in keep or "cid=0123456789ab" in keep
+    assert "rm -rf" not in keep

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,8 +13,8 @@ from pathlib import Path
 import pytest
 from support.sshd import _free_port, make_client_key
 
-from tangram.errors import AuthFailed, BootstrapError, HostKeyMismatch, HostUnreachable
 from tangram_cli.bootstrap import plan, ssh
+from tangram_cli.errors import AuthFailed, BootstrapError, HostKeyMismatch, HostUnreachable
 from tangram_cli.inventory import Node
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(60)]
@@ -219,3 +220,64 @@ async def test_run_on_hosts_bounds_concurrency():
     results = await ssh.run_on_hosts([N(i) for i in range(30)], work, parallel=8)
     assert peak == 8
     assert isinstance(results["n5"], BootstrapError) and results["n6"] == "n6"
+
+
+async def test_check_node_reads_what_up_needs_without_a_shell(sshd_factory, ssh_key, known_hosts, tmp_path):
+    server = sshd_factory("127.0.0.2")
+    run, bundle, venv = tmp_path / "c", tmp_path / "c" / "bundles" / "h", tmp_path / "c" / "venv-h"
+    node = node_for(server, ssh_key)
+    async with await ssh.connect(node, known_hosts) as conn:
+        empty = await ssh.check_node(conn, str(run), str(bundle), str(venv))
+    assert (empty.running, empty.hashes, empty.bundle, empty.ready) == (False, {}, "", False)
+    assert empty.home == os.path.expanduser("~")
+
+    bundle.mkdir(parents=True)
+    venv.mkdir()
+    (venv / ".ready").touch()
+    (bundle / ".complete").write_text("abc\n")
+    (run / "agent.json").write_text("{}")
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "agent"])
+    try:
+        (run / "agent.pid").write_text(f"{fake.pid}\n")
+        async with await ssh.connect(node, known_hosts) as conn:
+            seen = await ssh.check_node(conn, str(run), str(bundle), str(venv))
+        assert (seen.running, seen.bundle, seen.ready) == (True, "abc", True)
+        assert seen.differing({"agent.json": b"{}", "controller.key": b"k"}) == ["controller.key"]
+    finally:
+        fake.kill()
+        fake.wait()
+    async with await ssh.connect(node, known_hosts) as conn:
+        assert not (await ssh.check_node(conn, str(run), str(bundle), str(venv))).running
+
+
+async def test_strict_hints_run_as_written_accept_the_new_key(sshd_factory, ssh_key, known_hosts):
+    """Under ``strict`` the hint is the exact command that records the key; after a change, the one
+    that forgets the old key and records the new one. Both are run here as the operator would."""
+    import asyncssh
+
+    server = sshd_factory("127.0.0.2")
+    strict = node_for(server, ssh_key, policy="strict")
+    known_hosts.parent.mkdir(parents=True, exist_ok=True)
+
+    def accept(err: HostKeyMismatch) -> None:
+        command = err.hint.split(": ", 1)[1]
+        assert "ssh-keyscan -p" in command and "-t ed25519 127.0.0.2" in command
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+
+    with pytest.raises(HostKeyMismatch) as unknown:
+        await ssh.connect(strict, known_hosts)
+    new = asyncssh.import_public_key(server.host_key).get_fingerprint("sha256")
+    assert f"the host offers {new} (ssh-ed25519)" in unknown.value.message
+    accept(unknown.value)
+    async with await ssh.connect(strict, known_hosts):
+        pass
+
+    old, fresh = new, asyncssh.import_public_key(server.regenerate_host_key()).get_fingerprint("sha256")
+    with pytest.raises(HostKeyMismatch) as changed:
+        await ssh.connect(strict, known_hosts)
+    assert f"recorded {old} (ssh-ed25519), offered {fresh} (ssh-ed25519)" in changed.value.message
+    assert f"ssh-keygen -R '[127.0.0.2]:{server.port}' -f {known_hosts}" in changed.value.hint
+    accept(changed.value)
+    async with await ssh.connect(strict, known_hosts):
+        pass

@@ -11,7 +11,6 @@ without an entry in EXAMPLES fails `test_every_example_has_a_run`.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import clean_env, local_cluster
 
 from tangram_cli.controller.config import load_config
-from tests.e2e.test_up_local import tangram
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,13 +69,6 @@ EXAMPLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-def clean_env(home: Path) -> dict[str, str]:
-    env = {**os.environ, "TANGRAM_HOME": str(home), "NO_COLOR": "1"}
-    for var in ("TANGRAM_ADDR", "TANGRAM_INVENTORY", "TANGRAM_CLUSTER", "TANGRAM_CERTS"):
-        env.pop(var, None)
-    return env
-
-
 def run_script(path: Path, *args: str, home: Path) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(
         [sys.executable, str(path), *args],
@@ -100,13 +92,8 @@ def python_blocks(doc: str) -> list[str]:
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """TANGRAM_HOME of a running local cluster (`tangram up`), brought down at the end."""
     home = tmp_path_factory.mktemp("examples") / "home"
-    up = tangram("up", "--executor", "process", "--gpus", "2", "--gpu-mem", "16GiB", home=home, timeout=90)
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
+    with local_cluster(home, "--gpus", "2", "--gpu-mem", "16GiB"):
         yield home
-    finally:
-        down = tangram("down", home=home, timeout=60)
-        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def test_every_example_has_a_run() -> None:

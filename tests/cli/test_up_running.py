@@ -8,27 +8,15 @@ temporary directory), driven through `tangram` subprocesses; plus `differences` 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli import tangram
 
 from tangram_cli import state as st
 from tangram_cli.commands.up import differences
 
-CLI = [sys.executable, "-c", "from tangram_cli.main import cli; cli()"]
 UP = ("up", "--executor", "process", "--gpus", "1", "--gpu-mem", "1GiB")
-
-
-def tangram(*args: str, home: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TANGRAM_HOME": str(home), "NO_COLOR": "1"}
-    for var in ("TANGRAM_ADDR", "TANGRAM_INVENTORY", "TANGRAM_CLUSTER", "TANGRAM_CERTS"):
-        env.pop(var, None)
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
-    )
 
 
 def test_differences_name_only_the_flags_given_that_differ() -> None:

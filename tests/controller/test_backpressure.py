@@ -1,6 +1,6 @@
 """Backpressure: per-client and global caps answer RETRY_LATER at once; a client that stops
 reading has its final replies kept in a bounded outbox, and an overflow cancels its work
-(docs/protocol.md, "Controller behaviour"; design reliability.md scenarios 21-22)."""
+(docs/protocol.md, "Backpressure")."""
 
 from __future__ import annotations
 

@@ -46,18 +46,23 @@ def _two_nodes(twin: bool = False) -> Scheduler:
     return s
 
 
+# What losing n1 of `_two_nodes` ends first, in either shape: its runs in start order (the exec in
+# sb1, then the call), then the exec queued for sb1.
+N1_LOST = [
+    cmd.Done("z", False, "power"),
+    cmd.Reject("z", "SANDBOX_LOST", "n1: power"),
+    cmd.Done("a", False, "power"),
+    cmd.Reject("a", "NODE_LOST", "n1: power"),
+    cmd.Reject("q", "SANDBOX_LOST", "sandbox sb1 was on n1: power"),
+]
+
+
 def test_a_lost_node_ends_its_actions_in_start_order_then_judges_every_queue_again():
     s = _two_nodes()
     out = s.handle(ev.NodeLost("n1", reason="power"), 2.0)
-    assert out == [
-        cmd.Done("z", False, "power"),
-        cmd.Reject("z", "SANDBOX_LOST", "n1: power"),
-        cmd.Done("a", False, "power"),
-        cmd.Reject("a", "NODE_LOST", "n1: power"),
-        # the only GPU node left: every queued action is judged again
-        cmd.Reject("q", "SANDBOX_LOST", "sandbox sb1 was on n1: power"),
-        cmd.Reject("g2", "NO_CAPACITY", "no GPU node has joined", (Shortfall(GPU, 1, 0, 0, "largest node"),)),
-    ]
+    # n1 was the only GPU node: every queued action is judged again
+    short = Shortfall(GPU, 1, 0, 0, "largest node")
+    assert out == [*N1_LOST, cmd.Reject("g2", "NO_CAPACITY", "no GPU node has joined", (short,))]
     assert not s.running and not s.queues.get("cpu") and not s.queues.get("gpu")
     assert set(s.gpu.nodes) == set() and set(s.cpu.nodes) == {"n2"}
     assert s.sandboxes["sb1"].lost
@@ -68,13 +73,7 @@ def test_a_lost_node_ends_its_actions_in_start_order_then_judges_every_queue_aga
 def test_a_lost_node_of_a_common_shape_drops_only_its_sandboxes_actions():
     s = _two_nodes(twin=True)
     out = s.handle(ev.NodeLost("n1", reason="power"), 2.0)
-    assert out == [
-        cmd.Done("z", False, "power"),
-        cmd.Reject("z", "SANDBOX_LOST", "n1: power"),
-        cmd.Done("a", False, "power"),
-        cmd.Reject("a", "NODE_LOST", "n1: power"),
-        cmd.Reject("q", "SANDBOX_LOST", "sandbox sb1 was on n1: power"),
-    ]
+    assert out == N1_LOST
     assert list(s.queues["gpu"]) == ["g2"]  # n3 can still hold it: it waits for "b"
     out = s.handle(ev.ActionFinished("b"), 3.0)
     assert [(c.action_id, c.node) for c in out if isinstance(c, cmd.Invoke)] == [("g2", "n3")]

@@ -16,19 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-CLI = [sys.executable, "-c", "from tangram_cli.main import cli; cli()"]
+from support.cli import tangram
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def tangram(*args: str, home: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TANGRAM_HOME": str(home), "NO_COLOR": "1"}
-    for var in ("TANGRAM_ADDR", "TANGRAM_INVENTORY", "TANGRAM_CLUSTER", "TANGRAM_CERTS"):
-        env.pop(var, None)
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
-    )
 
 
 def alive(pid: int) -> bool:

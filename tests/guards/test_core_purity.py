@@ -1,4 +1,5 @@
-"""The scheduling core must stay pure: no I/O, no clock, no global random (style principle 1).
+"""The scheduling core must stay pure: no I/O, no clock, no global random (docs/architecture.md: the
+core gets `now` as an argument and returns commands; the drivers do the I/O).
 
 An AST walk over ``tangram/core/**`` (and the simulator's pure baselines) rejects imports of
 modules that do I/O or read time, and calls of the module-level ``random`` functions.
@@ -41,8 +42,8 @@ def _violations(path: Path) -> list[str]:
             if node.module == "random" and any(a.name != "Random" for a in node.names):
                 bad.append(f"{path.name}:{node.lineno}: only `from random import Random` is allowed")
         else:
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("open", "print",
-                                                                                                 "input", "eval"):
+            io_call = ("open", "print", "input", "eval")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in io_call:
                 bad.append(f"{path.name}:{node.lineno}: {node.func.id}() does I/O")
             continue
         for name in names:

@@ -1,6 +1,6 @@
 """Guard: no pickle, cloudpickle, marshal, recv_pyobj, send_pyobj or eval in shipped code.
 
-Unpickling bytes from a socket is remote code execution (reliability.md section 4). The scan
+Unpickling bytes from a socket is remote code execution (docs/protocol.md, "Never pickle"). The scan
 reads Python tokens, so comments and prose may name these things ("never pickle"), while code
 may not: an import, an attribute, a call, or a string naming the module (`import_module("pickle")`).
 `obj.eval()` (torch's `Module.eval`) is an attribute call and allowed; the builtin `eval` is not.
@@ -64,7 +64,7 @@ def test_shipped_code_never_unpickles() -> None:
         except (tokenize.TokenError, SyntaxError) as exc:  # a broken file is another test's failure
             hits = [f"could not tokenize: {exc}"]
         bad += [f"{path.relative_to(ROOT)} {hit}" for hit in hits]
-    assert not bad, "pickle-like deserialisation is banned (reliability.md section 4):\n" + "\n".join(bad)
+    assert not bad, "pickle-like deserialisation is banned (docs/protocol.md):\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize(

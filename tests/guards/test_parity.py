@@ -1,4 +1,5 @@
-"""Parity guard (architecture §4): one trace through the simulator and through the controller's
+"""Parity guard (docs/architecture.md, "The path of one action"): one trace through the simulator and
+through the controller's
 driver gives equal journal records.
 
 The trace is a fixed list of (virtual time, event) inputs from nodes and clients: nodes
@@ -41,9 +42,9 @@ from tangram.sim.baselines import parse_policy
 from tangram.sim.cluster import ClusterModel, ClusterSpec, Truth
 from tangram.sim.engine import EVENT, Engine
 from tangram.sim.workloads import Workload
+from tangram_cli.controller import driver as driver_module
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.daemon import Options
-from tangram_cli.controller import driver as driver_module
 from tangram_cli.controller.driver import Driver
 
 GIB = 1024

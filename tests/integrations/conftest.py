@@ -7,8 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from .helpers import tangram
+from support.cli import CLUSTER_VARS, local_cluster
 
 
 @pytest.fixture(scope="package")
@@ -16,12 +15,7 @@ def cluster_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("integrations") / "home"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TANGRAM_HOME", str(home))
-        for var in ("TANGRAM_ADDR", "TANGRAM_INVENTORY", "TANGRAM_CLUSTER", "TANGRAM_CERTS"):
+        for var in CLUSTER_VARS:
             mp.delenv(var, raising=False)
-        up = tangram("up", "--executor", "process", "--gpus", "1", home=home, timeout=90)
-        try:
-            assert up.returncode == 0, up.stdout + up.stderr
+        with local_cluster(home, "--gpus", "1"):
             yield home
-        finally:
-            down = tangram("down", home=home, timeout=60)
-            assert down.returncode == 0, down.stdout + down.stderr

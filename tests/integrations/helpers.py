@@ -4,27 +4,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# As tests/e2e/test_up_local.py runs the CLI; not imported from there because verl's wheel installs
-# a top-level `tests` package that shadows this repository's in a verl environment.
-CLI = [sys.executable, "-c", "from tangram_cli.main import cli; cli()"]
-
-
-def tangram(*args: str, home: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TANGRAM_HOME": str(home), "NO_COLOR": "1"}
-    for var in ("TANGRAM_ADDR", "TANGRAM_INVENTORY", "TANGRAM_CLUSTER", "TANGRAM_CERTS"):
-        env.pop(var, None)
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
-    )
-
+# From `support`, not `tests.e2e`: verl's wheel installs a top-level `tests` package that shadows
+# this repository's in a verl environment.
+from support.cli import tangram
 
 # The test runner writes what {dop} became, and a pytest-style summary line the "pytest" reward reads.
 RUN_TESTS = """\

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tangram.errors import InventoryError
+from tangram_cli.errors import InventoryError
 from tangram_cli.inventory import load_inventory, local_default, local_inventory_text, to_dict, to_json
 from tangram_cli.inventory.model import parse_destination, parse_duration_ms, parse_size_mib
 

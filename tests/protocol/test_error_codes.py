@@ -1,4 +1,5 @@
-"""Error codes <-> exception classes: a bijection, with retryability from architecture.md section 5."""
+"""Error codes <-> exception classes: a bijection, with the retryability docs/protocol.md gives
+("Errors on the wire")."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import tangram
 from tangram import errors as e
 from tangram.errors import ErrorCode
+from tangram_cli import errors as ce
 
 REMOTE = [
     e.ActionTimeout,
@@ -101,12 +103,12 @@ def test_base_attributes() -> None:
     [
         (e.TangramError, 1),
         (e.ConfigError, 2),
-        (e.InventoryError, 2),
+        (ce.InventoryError, 2),
         (e.PartialFailure, 3),
         (e.ClusterNotFound, 4),
         (e.ControllerUnreachable, 4),
-        (e.BootstrapError, 1),
-        (e.HostUnreachable, 1),
+        (ce.BootstrapError, 1),
+        (ce.HostUnreachable, 1),
         (e.NonZeroExit, 1),
     ],
 )
@@ -118,24 +120,25 @@ def test_operator_errors_carry_hints() -> None:
     for cls in (
         e.ClusterNotFound,
         e.ControllerUnreachable,
-        e.HostUnreachable,
-        e.AuthFailed,
-        e.HostKeyMismatch,
+        ce.HostUnreachable,
+        ce.AuthFailed,
+        ce.HostKeyMismatch,
     ):
         assert cls("m").hint, cls
     assert e.ClusterNotFound("m", hint="custom").hint == "custom"
 
 
 def test_tree() -> None:
-    assert issubclass(e.InventoryError, e.ConfigError)
-    for cls in (e.HostUnreachable, e.AuthFailed, e.HostKeyMismatch):
-        assert issubclass(cls, e.BootstrapError)
-    assert e.HostKeyMismatch("changed", host="n1").host == "n1"
-    for name in e.__all__:
-        obj = getattr(e, name)
-        if isinstance(obj, type) and issubclass(obj, BaseException):
-            assert issubclass(obj, e.TangramError)
-            assert obj.__name__ in e.__doc__, f"{name} missing from the tree in the docstring"
+    assert issubclass(ce.InventoryError, e.ConfigError)
+    for cls in (ce.HostUnreachable, ce.AuthFailed, ce.HostKeyMismatch):
+        assert issubclass(cls, ce.BootstrapError)
+    assert ce.HostKeyMismatch("changed", host="n1").host == "n1"
+    for module in (e, ce):  # the library's tree, and the operator's errors that extend it
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if isinstance(obj, type) and issubclass(obj, BaseException):
+                assert issubclass(obj, e.TangramError)
+                assert obj.__name__ in module.__doc__, f"{name} missing from the tree in the docstring"
 
 
 def test_non_zero_exit_carries_the_result() -> None:
@@ -149,8 +152,8 @@ def test_errors_survive_copy() -> None:  # the same protocol multiprocessing use
         e.NoCapacity("too big", hint="h", detail="d"),
         e.ProtocolError(e.ProtocolErrorKind.SCHEMA, "Exec.cmd: missing"),
         e.NonZeroExit("exit 1", result={"exit_code": 1}),
-        e.HostKeyMismatch("changed", host="n1"),
-        e.PartialFailure("1 of 2", failures={"n1": e.HostUnreachable("down")}),
+        ce.HostKeyMismatch("changed", host="n1"),
+        e.PartialFailure("1 of 2", failures={"n1": ce.HostUnreachable("down")}),
     ]
     for exc in samples:
         clone = copy.deepcopy(exc)

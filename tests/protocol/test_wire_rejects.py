@@ -1,4 +1,5 @@
-"""Every way a frame list can be wrong raises ProtocolError with the right kind (reliability.md 3.1)."""
+"""Every way a frame list can be wrong raises ProtocolError with the right kind (docs/protocol.md,
+"Decoding rules")."""
 
 from __future__ import annotations
 

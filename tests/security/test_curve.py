@@ -1,4 +1,4 @@
-"""CURVE "Ironhouse" with real sockets on 127.0.0.1 (architecture.md section 5, reliability.md section 4).
+"""CURVE "Ironhouse" with real sockets on 127.0.0.1 (docs/security.md, docs/operations.md 3.5).
 
 An in-process controller started with ``--certs`` (keys from tangram_cli/keys.py), the fake agent of
 tests/controller or a real ``python -m agent`` subprocess given its keys, and clients with right,

@@ -1,4 +1,5 @@
-"""A real OpenSSH server per test, on 127.0.0.x (machine.md, "SSH").
+"""A real OpenSSH server per test, on 127.0.0.x: each address of 127.0.0.0/8 stands for one "node",
+with its own sshd, so a multi-node inventory is tested on one machine.
 
     def test_probe(sshd_factory, ssh_key):
         server = sshd_factory("127.0.0.2")          # started, accepting connections
