@@ -38,7 +38,6 @@ from tangram.certs import KeyRefused
 from tangram.errors import (
     BadRequest,
     ErrorCode,
-    InternalError,
     NodeLost,
     ProtocolError,
     RetryLater,
@@ -59,6 +58,7 @@ from .node import (  # noqa: F401 - agent.link.main is the entry point tangram_c
     setup_logging,
     write_pidfile,
 )
+from .replies import ReplySender
 from .support import (  # noqa: F401 - part of agent.link's interface (tests)
     Backoff,
     _Outbox,
@@ -100,7 +100,7 @@ class _Running:
     killed: bool = False
 
 
-class Agent(GpuRequests):
+class Agent(GpuRequests, ReplySender):
     """One agent: ``await Agent(cfg, executor, facts=...).run()`` returns the process exit code."""
 
     def __init__(self, cfg: AgentConfig, executor: Any, *, facts: dict[str, Any], gpu_host: Any = None,
@@ -120,6 +120,8 @@ class Agent(GpuRequests):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._running: dict[str, _Running] = {}
         self._outbox = _Outbox(cfg.outbox_mib << 20)
+        self._replies: list[list[bytes]] = []  # replies of this loop iteration, sent as one batch
+        self._batches = False  # the controller's Welcome said minor >= BATCH_MINOR
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._last_in = time.monotonic()
@@ -301,19 +303,29 @@ class Agent(GpuRequests):
         else:
             self._ending.set_result((kind, env))
 
-    def _on_frames(self, frames: list[bytes]) -> None:
-        """One inbound message, handled synchronously from the socket reader."""
+    def _on_frames(self, frames: list[bytes]) -> int:
+        """One inbound message (a batch: each item), handled synchronously from the socket reader;
+        returns how many messages it carried."""
         if self._ending is None or self._ending.done():
-            return  # the session is over: what follows is not read, as on a closed socket
+            return 1  # the session is over: what follows is not read, as on a closed socket
         self._last_in = time.monotonic()
         self._orphaned = False
         try:
-            env = p.decode(frames)
+            envs = p.decode_all(frames)
         except ProtocolError as exc:
             rid = peek_request_id(frames)
             log.warning("undecodable message (request %d): %s", rid, exc)
             self._reply(rid, p.Error.from_exception(exc))
-            return
+            return 1
+        for env in envs:  # one, or the items of a batch
+            if isinstance(env, p.BadItem):
+                log.warning("undecodable message (request %d): %s", env.request_id, env.error)
+                self._reply(env.request_id, p.Error.from_exception(env.error))
+            else:
+                self._on_envelope(env)
+        return len(envs)
+
+    def _on_envelope(self, env: p.Envelope) -> None:
         msg = env.msg
         handler = self._handlers.get(type(msg))
         if handler is not None:
@@ -353,6 +365,7 @@ class Agent(GpuRequests):
             raise AgentExit(EXIT_REJECTED,
                             f"controller speaks {msg.major}, agent {p.PROTOCOL_MAJOR}: run tangram up")
         self._welcomed = True
+        self._batches = msg.minor >= p.BATCH_MINOR
         self._live = self._wire
         self.controller_epoch, self.agent_epoch = msg.controller_epoch, msg.agent_epoch
         self.heartbeat_s = msg.heartbeat_s
@@ -402,34 +415,6 @@ class Agent(GpuRequests):
             return []
 
     # ------------------------------------------------------------ sending
-
-    def _send_on(self, wire: Wire, frames: list[bytes]) -> bool:
-        try:
-            wire.send(frames)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as exc:  # e.g. a closed socket
-            log.warning("send failed: %s", exc)
-            return False
-        self._last_out = time.monotonic()
-        return True
-
-    def _reply(self, rid: int, msg: p.Message, blobs: list[bytes] | tuple[bytes, ...] = ()) -> None:
-        try:
-            frames = p.encode(msg, rid, blobs)
-        except ProtocolError as exc:  # e.g. a result over 64 MiB: say so instead
-            log.error("reply to request %d does not encode: %s", rid, exc)
-            frames = p.encode(error_reply(InternalError(f"reply does not fit the protocol: {exc}")), rid)
-        live = self._live if self._welcomed else None
-        if live is not None and not self._outbox.items and self._send_on(live, frames):
-            return
-        self._outbox.push(frames)
-
-    def _flush_outbox(self, wire: Wire) -> None:
-        while self._outbox.items:
-            if not self._send_on(wire, self._outbox.items[0]):
-                return
-            self._outbox.pop()
 
     def _load_summary(self) -> dict[str, Any]:
         return {"running": len(self._running), "requests": len(self._tasks)}

@@ -33,7 +33,7 @@ _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
 
 
 class Wire:
-    def __init__(self, sock: zmq.Socket, handle: Callable[[list[bytes]], None], batch: int = 256) -> None:
+    def __init__(self, sock: zmq.Socket, handle: Callable[[list[bytes]], int | None], batch: int = 256) -> None:
         self.sock = sock
         self._reader = SocketReader(sock, handle, batch=batch)  # tangram.sockio: one loop reader
         self._closed = False

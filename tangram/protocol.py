@@ -22,6 +22,14 @@ Rules (docs/protocol.md has the table of every message):
    (`encode(..., token=...)`, `Envelope.token`); the controller serves a sandbox, lease or request
    only to frames that carry the token of the session that created it (docs/protocol.md,
    "Sessions"). Replies and every other peer leave it out.
+7. Batches (1.5): a `BATCH` message (type `BATCH`, request id 0, the sender's token if it has one)
+   carries up to `BATCH_MAX` messages in exactly five frames: its body is a msgpack list of
+   ``[type, request id, body map, [blob sizes]]``, one per message, and frame 4 holds the blobs
+   of all of them end to end, in order (so a batch costs five frames however many messages and
+   empty outputs it carries). Each item is checked as a message of its own (`decode_all`: an
+   item that does not decode is a `BadItem`, the others stand); HELLO, WELCOME and REJECT never
+   travel in one. A peer sends batches only to a peer that said minor >= `BATCH_MINOR`; `pack`
+   builds them from the frames `encode` made.
 
 Layout: this module holds the rules, the frame constants and the codec, and re-exports every
 public name of the two modules behind it: `tangram.wire_checks` (limits, field constraints and
@@ -114,6 +122,10 @@ from tangram.wire_messages import (
 )
 
 __all__ = [
+    "BATCH_MINOR",
+    "BATCH_MAX",
+    "BATCH_BODY_BYTES",
+    "BATCH",
     "ID_PATTERN",
     "INT64_MAX",
     "INT64_MIN",
@@ -134,6 +146,7 @@ __all__ = [
     "TOKEN_BYTES",
     "Accepted",
     "Ack",
+    "BadItem",
     "Bye",
     "Call",
     "CallOutcome",
@@ -190,17 +203,31 @@ __all__ = [
     "Text",
     "Units",
     "Welcome",
+    "batch_frames",
     "decode",
+    "decode_all",
+    "is_batch",
     "encode",
     "encode_trusted",
+    "chunks",
+    "pack",
     "stamp",
     "type_code",
     "version_problem",
 ]
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 4  # 1.1 Welcome.max_outstanding, 1.2 Welcome.durable, 1.3 sessions, 1.4 run vs total budgets
+PROTOCOL_MINOR = (
+    5  # 1.1 Welcome.max_outstanding, 1.2 Welcome.durable, 1.3 sessions, 1.4 run vs total budgets,
+)
+# 1.5 batches (rule 7)
 SESSIONS_MINOR = 3  # the first minor whose clients carry session tokens; the controller refuses older ones
+BATCH_MINOR = 5  # the first minor whose peers read (and may send) batches
+BATCH = 0x0A  # the type code of a batch (rule 7); no message class: its body is a list, not a map
+BATCH_MAX = 256  # messages in one batch
+BATCH_BODY_BYTES = 2 * (1 << 20)  # the batch's body (the items' bodies together)
+_BATCH_KIND = bytes((BATCH,))
+_UNBATCHED = frozenset({0x01, 0x02, 0x03})  # HELLO, WELCOME, REJECT: a connection's first words go alone
 TOKEN_BYTES = SESSION_TOKEN_BYTES  # a session token: frame 2 is the request id, then this many bytes
 TAG = b"TGR%d" % PROTOCOL_MAJOR
 _TAG_PREFIX = b"TGR"
@@ -376,6 +403,143 @@ def decode(frames: Sequence[bytes]) -> Envelope:
     values = _unpack(cls, parts[3])
     msg = _build(cls, _validate(cls, values, values.__contains__))
     return Envelope(cls.TYPE, request_id, msg, tuple(parts[4:]), token)
+
+
+# ---------------------------------------------------------------- batches (rule 7)
+
+
+@dataclass(frozen=True)
+class BadItem:
+    """An item of a batch that does not decode: its request id and why (the rest of the batch stands)."""
+
+    request_id: int
+    error: ProtocolError
+
+
+def _msgpack_int(value: int) -> bytes:
+    return msgpack.packb(value)  # type: ignore[no-any-return]
+
+
+def batch_frames(items: Sequence[Sequence[bytes]], token: bytes = b"") -> list[bytes]:
+    """One `BATCH` of `items`, each a message's frames as `encode`/`encode_trusted` made them
+    (their own tokens give way to the batch's `token`). The bodies are spliced in as they are:
+    a msgpack list is its header followed by its elements. `pack` keeps to the limits."""
+    n = len(items)
+    parts = [bytes((0x90 | n,)) if n < 16 else b"\xdc" + n.to_bytes(2, "big")]
+    blobs: list[bytes] = []
+    for frames in items:
+        rid = int.from_bytes(frames[2][: _HEADER.size], "big")
+        sizes = [len(b) for b in frames[4:]]
+        parts.append(
+            b"\x94" + _msgpack_int(frames[1][0]) + _msgpack_int(rid) + frames[3] + msgpack.packb(sizes)
+        )
+        blobs.extend(frames[4:])
+    return [TAG, _BATCH_KIND, _HEADER.pack(0) + token, b"".join(parts), b"".join(blobs)]
+
+
+def chunks(items: Sequence[list[bytes]], most: int = BATCH_MAX) -> list[list[list[bytes]]]:
+    """`items` (encoded messages, in order) cut into runs that fit one batch each: at most
+    `most` (<= `BATCH_MAX`) messages, `BATCH_BODY_BYTES` of bodies, `MAX_MESSAGE_BYTES` in all."""
+    out: list[list[list[bytes]]] = []
+    chunk: list[list[bytes]] = []
+    body = size = 0
+    for frames in items:
+        n = sum(map(len, frames))
+        full = len(chunk) >= most or body + len(frames[3]) > BATCH_BODY_BYTES
+        if chunk and (full or size + n > MAX_MESSAGE_BYTES - 4096):
+            out.append(chunk)
+            chunk, body, size = [], 0, 0
+        chunk.append(frames)
+        body, size = body + len(frames[3]), size + n
+    if chunk:
+        out.append(chunk)
+    return out
+
+
+def pack(items: Sequence[list[bytes]], token: bytes = b"", most: int = BATCH_MAX) -> list[list[bytes]]:
+    """The messages that carry `items`: a batch per chunk (`chunks`), a lone item as it is."""
+    return [c[0] if len(c) == 1 else batch_frames(c, token) for c in chunks(items, most)]
+
+
+def is_batch(frames: Sequence[bytes]) -> bool:
+    return len(frames) > 1 and frames[1] == _BATCH_KIND
+
+
+def decode_all(frames: Sequence[bytes]) -> list[Envelope | BadItem]:
+    """The messages in `frames`: the one of a plain message (`decode`), or each item of a batch.
+    Raises ProtocolError when a plain message does not decode or a batch's framing is broken (its
+    tag, header, body, or blob sizes); an item that does not decode is a `BadItem`."""
+    if not is_batch(frames):
+        return [decode(frames)]
+    if len(frames) != 5:
+        raise schema_error("frames", f"a batch has 5 frames, got {len(frames)}")
+    parts = _frames(frames[:4]) + [bytes(frames[4])]
+    if sum(len(p) for p in parts) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"batch over {MAX_MESSAGE_BYTES} bytes")
+    if len(parts[3]) > BATCH_BODY_BYTES:
+        raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"batch body over {BATCH_BODY_BYTES} bytes")
+    token = _batch_token(parts)
+    data = parts[4]
+    out: list[Envelope | BadItem] = []
+    at = 0
+    for code, rid, body, sizes in _batch_items(parts[3], len(data)):
+        blobs = []
+        for size in sizes:
+            blobs.append(data[at : at + size])
+            at += size
+        try:
+            cls = _BY_CODE.get(code)
+            if cls is None or code in _UNBATCHED:
+                raise schema_error("batch item", f"message type {code:#04x} cannot travel in a batch")
+            if len(blobs) < cls._min_blobs:
+                raise schema_error(cls.__name__, f"needs {cls._min_blobs} blob(s)")
+            msg = _build(cls, _validate(cls, body, body.__contains__))
+            out.append(Envelope(code, rid, msg, tuple(blobs), token))
+        except ProtocolError as exc:
+            out.append(BadItem(rid, exc))
+    return out
+
+
+def _batch_token(parts: list[bytes]) -> bytes:
+    if parts[0] != TAG:
+        _header(parts)  # raises the right error (version, or not Tangram)
+    rid = parts[2]
+    if len(rid) not in (_HEADER.size, _HEADER.size + TOKEN_BYTES) or _HEADER.unpack(rid[: _HEADER.size])[0]:
+        raise schema_error("frame 2", "a batch's request id is 0 (+ the session token)")
+    return rid[_HEADER.size :]
+
+
+def _is_item(item: object) -> bool:
+    return (
+        isinstance(item, list)
+        and len(item) == 4
+        and type(item[0]) is int
+        and type(item[1]) is int
+        and isinstance(item[2], dict)
+        and isinstance(item[3], list)
+        and 0 <= item[1] <= INT64_MAX
+        and len(item[3]) <= MAX_BLOBS
+        and all(type(n) is int and n >= 0 for n in item[3])
+    )
+
+
+def _batch_items(body: bytes, data: int) -> list[tuple[int, int, dict[str, object], list[int]]]:
+    """The items of a batch body, their framing checked: ``(type, request id, body, blob sizes)``;
+    the sizes must add up to `data`, the length of the blob frame."""
+    try:
+        value = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True, **_UNPACK_LIMITS)
+    except Exception as exc:  # noqa: BLE001 - as _unpack
+        raise ProtocolError(ProtocolErrorKind.DECODE, f"batch body: {type(exc).__name__}") from None
+    if not isinstance(value, list) or not 1 <= len(value) <= BATCH_MAX:
+        raise schema_error("batch", f"body must be a list of 1 to {BATCH_MAX} items")
+    total = 0
+    for item in value:
+        if not _is_item(item):
+            raise schema_error("batch item", "expected [type, request id, body map, [blob sizes]]")
+        total += sum(item[3])
+    if total != data:
+        raise schema_error("batch", f"items name {total} bytes of blobs, the blob frame has {data}")
+    return value  # type: ignore[return-value]
 
 
 def version_problem(hello: Hello, *, me: str = "controller") -> str | None:

@@ -64,6 +64,10 @@ def shadow(sock: Any) -> zmq.Socket:
 class SocketReader:
     """Serves `sock` on the running loop until `close()` (see the module doc).
 
+    A drain handles at most `batch` messages, counted as `handle` says: it may return how many
+    messages one frame list carried (a protocol batch: its items), so a drain of batches does
+    not hold the loop 256 times longer than a drain of single messages.
+
     `copy=False` hands `zmq.Frame`s to `handle` (CURVE's `User-Id` is read from them);
     `before`, if given, runs at the start of every drain (the client flushes the sends that
     libzmq could not take yet)."""
@@ -71,7 +75,7 @@ class SocketReader:
     def __init__(
         self,
         sock: Any,
-        handle: Callable[[list[Any]], None],
+        handle: Callable[[list[Any]], int | None],
         *,
         copy: bool = True,
         batch: int = 256,
@@ -110,7 +114,8 @@ class SocketReader:
             self.before()
         sync, handle, copy = self.sync, self.handle, self.copy
         recv = recv_frames if isinstance(sync, zmq.Socket) else type(sync).recv_multipart  # a wrapper's own
-        for _ in range(self.batch):
+        budget = self.batch
+        while budget > 0:
             if self._closed:
                 return
             try:
@@ -123,8 +128,9 @@ class SocketReader:
                 return
             self.received += 1
             try:
-                handle(frames)
+                budget -= handle(frames) or 1
             except Exception:  # one bad message never stops the socket
+                budget -= 1
                 log.exception("handling a message failed")
         self.poke()  # more may be waiting: come back after the loop ran its other callbacks
 

@@ -279,17 +279,27 @@ class Call(Message):
 @_register(0x26, "LEASE")
 @dataclass(frozen=True)
 class Lease(Message):
+    """`tokens`: what the call will be charged against a key's tokens-per-minute limit (API key
+    pools; 0: none)."""
+
     _required = ("api",)
     api: Id
     units: Positive = 1
     budget_ms: Count = 0
+    tokens: Count = 0
 
 
 @_register(0x27, "RELEASE")
 @dataclass(frozen=True)
 class Release(Message):
+    """The holder's report of its call (API key pools): `tokens` the provider counted (0: not
+    reported), `rate_limited` when it answered HTTP 429, with its reset time `reset_ms`."""
+
     _required = ("lease",)
     lease: Id
+    tokens: Count = 0
+    rate_limited: bool = False
+    reset_ms: Count = 0
 
 
 @_register(0x28, "CANCEL")

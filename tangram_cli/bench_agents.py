@@ -75,6 +75,7 @@ class BenchAgent:
         self.timers: list[tuple[float, int, str]] = []
         self.running: dict[str, tuple[zmq.Socket[bytes], bytes, float]] = {}  # action -> (sock, rid, start)
         self.killed: set[str] = set()
+        self.outq: dict[zmq.Socket[bytes], list[list[bytes]]] = {}  # results of this wake-up, per socket
         self.stats = {
             "spawns": 0,
             "results": 0,
@@ -118,22 +119,39 @@ class BenchAgent:
             self.last_in[name] = time.monotonic()
             self._hello(sock)
 
+    def _queue(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
+        """A result, sent with the others of this wake-up in one batch (`_flush`)."""
+        self.outq.setdefault(sock, []).append(frames)
+
+    def _flush(self) -> None:
+        outq, self.outq = self.outq, {}
+        for sock, items in outq.items():
+            for message in p.pack(items):
+                self._send(sock, message)
+
     def _on(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
         name = self.socks[sock]
         self.last_in[name] = time.monotonic()
         if len(frames) < 4:
             return
         kind = frames[1][:1]
-        if kind == bytes((p.Spawn.TYPE,)):
-            self.stats["spawns"] += 1
-            if self.mode == "instant":
-                self.stats["results"] += 1
-                self._send(sock, [self._instant[0], self._instant[1], frames[2], *self._instant[3:]])
-                return
+        if kind == bytes((p.Spawn.TYPE,)) and self.mode == "instant":
+            self._instant_result(sock, frames[2])
+            return
         if kind == bytes((p.Heartbeat.TYPE,)):
             return
-        env = p.decode(frames)
-        self._handle(sock, env)
+        for env in p.decode_all(frames):
+            if isinstance(env, p.BadItem):
+                continue
+            if isinstance(env.msg, p.Spawn) and self.mode == "instant":
+                self._instant_result(sock, _RID.pack(env.request_id))
+            else:
+                self._handle(sock, env)
+
+    def _instant_result(self, sock: zmq.Socket[bytes], rid: bytes) -> None:
+        self.stats["spawns"] += 1
+        self.stats["results"] += 1
+        self._queue(sock, [self._instant[0], self._instant[1], rid, *self._instant[3:]])
 
     def _handle(self, sock: zmq.Socket[bytes], env: p.Envelope) -> None:
         msg, rid = env.msg, env.request_id
@@ -141,6 +159,7 @@ class BenchAgent:
             self.stats["welcomes"] += 1
             self.hb = msg.heartbeat_s
         elif isinstance(msg, p.Spawn):
+            self.stats["spawns"] += 1
             start = time.monotonic()
             self.running[msg.action] = (sock, _RID.pack(rid), start)
             self._seq += 1
@@ -185,7 +204,7 @@ class BenchAgent:
         }
         self.stats["results"] += 1
         frames = p.encode(p.Result(body), 0, [b"", b""])
-        self._send(sock, [frames[0], frames[1], rid, *frames[3:]])
+        self._queue(sock, [frames[0], frames[1], rid, *frames[3:]])
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -218,7 +237,9 @@ class BenchAgent:
                     except zmq.Again:
                         break
                     self._on(sock, frames)  # type: ignore[arg-type]
+                self._flush()
             self._tick()
+            self._flush()
 
     def close(self) -> None:
         for sock in self.socks:

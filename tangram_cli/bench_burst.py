@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import os
-import struct
 import subprocess
 import sys
 import time
@@ -50,55 +49,48 @@ GOALS = {
     "resent_fraction": 0.01,
     "instant_actions_per_s": 5000,
 }
-_RID = struct.Struct(">Q")
 
 
 class FinalCounter:
     """Counts final replies (`Result`/`Error`) per request id as they arrive, duplicates
-    included, by wrapping the client transport's frame handler. Also counts the requests the
-    transport resent after a reconnect (its pending requests at each later `Welcome`)."""
+    included, by wrapping the client transport's message handler; reports the requests the
+    transport resent after a reconnect or restart (`Transport.resent`)."""
 
     def __init__(self, transport: Any) -> None:
         from tangram import protocol
 
         self.finals: dict[int, int] = {}
         self.unknown = 0
-        self.resent = 0
+        self.transport = transport  # its `resent`: requests sent again after a reconnect or restart
         self.rewelcomes = 0
         self._final_types = {protocol.Result.TYPE, protocol.Error.TYPE}
-        self.ok = all(hasattr(transport, a) for a in ("request", "_on_frames", "_on_welcome", "_pending"))
+        self.ok = all(hasattr(transport, a) for a in ("request", "_on_envelope", "_on_welcome", "_pending"))
         if not self.ok:
             return
-        request, on_frames, on_welcome = transport.request, transport._on_frames, transport._on_welcome
+        request, on_envelope, on_welcome = transport.request, transport._on_envelope, transport._on_welcome
 
         def counted_request(*args: Any, **kwargs: Any) -> Any:
             pending = request(*args, **kwargs)
             self.finals.setdefault(pending.request_id, 0)
             return pending
 
-        def counted_frames(frames: list[bytes]) -> None:
-            if (
-                len(frames) >= 3
-                and frames[1][:1]
-                and frames[1][0] in self._final_types
-                and len(frames[2]) == 8
-            ):
-                rid = _RID.unpack(frames[2])[0]
+        def counted_envelope(env: Any) -> None:  # each message, the items of a batch one by one
+            if env.type in self._final_types:
+                rid = env.request_id
                 if rid in self.finals:
                     self.finals[rid] += 1
                 else:
                     self.unknown += 1
-            on_frames(frames)
+            on_envelope(env)
 
         def counted_welcome(msg: Any) -> None:
             if transport._welcome is not None and transport._welcome.done():
                 self.rewelcomes += 1
-                self.resent += len(transport._pending)
             on_welcome(msg)
 
-        transport.request, transport._on_frames, transport._on_welcome = (
+        transport.request, transport._on_envelope, transport._on_welcome = (
             counted_request,
-            counted_frames,
+            counted_envelope,
             counted_welcome,
         )
 
@@ -113,7 +105,7 @@ class FinalCounter:
             "unanswered": by.get(0, 0),
             "answered_twice_or_more": sum(n for k, n in by.items() if k > 1),
             "finals_for_unknown_ids": self.unknown,
-            "resent_after_reconnect": self.resent,
+            "resent_after_reconnect": getattr(self.transport, "resent", 0),
             "rewelcomes": self.rewelcomes,
         }
 

@@ -106,24 +106,17 @@ class Load:
             return pending
 
         transport.request = noted
-        on_frames = transport._on_frames
+        on_envelope = transport._on_envelope
 
-        def described(frames: list[bytes]) -> None:  # what each final said, for the report
+        def described(env: Any) -> None:  # what each final said, for the report
             before = sum(self.counter.finals.values())
-            on_frames(frames)
+            on_envelope(env)
             if sum(self.counter.finals.values()) > before:
-                self._note_final(frames)
+                self._note_final(env)
 
-        transport._on_frames = described
+        transport._on_envelope = described
 
-    def _note_final(self, frames: list[bytes]) -> None:
-        from tangram import protocol
-        from tangram.errors import ProtocolError
-
-        try:
-            env = protocol.decode(frames)
-        except ProtocolError:
-            return
+    def _note_final(self, env: Any) -> None:
         code = getattr(env.msg, "code", None)
         text = type(env.msg).__name__ + (f":{getattr(code, 'value', code)}" if code is not None else "")
         self.said.setdefault(env.request_id, []).append(text)

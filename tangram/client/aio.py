@@ -413,9 +413,11 @@ class AsyncClient:
         value = msgpack.unpackb(env.blobs[0], raw=False) if env.blobs else None
         return CallResult(value, res.queued_s, res.run_s, res.overhead_s, res.node, res.gpus, res.loaded)
 
-    def api(self, name: str, timeout: float | None = None, units: int = 1) -> ApiLease:
-        """An async context manager holding `units` of API `name`'s quota while inside it."""
-        return ApiLease(self, name, self._timeout(timeout), units)
+    def api(self, name: str, timeout: float | None = None, units: int = 1, tokens: int = 0) -> ApiLease:
+        """An async context manager holding `units` of API `name`'s quota while inside it.
+        For an API with a key pool, `tokens` is what the call will be charged against a key's
+        tokens per minute (prompt + maximum output), and the lease's `key` is the key to call with."""
+        return ApiLease(self, name, self._timeout(timeout), units, tokens)
 
     def submit(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> asyncio.Task[T]:
         """Start `fn(*args, **kwargs)` (e.g. `env.exec`, `client.call`) as a task, for fan-out."""
@@ -525,32 +527,40 @@ class AsyncSandbox:
 
 
 class ApiLease:
-    """`async with client.api("search"):` holds one slot of the API's quota."""
+    """`async with client.api("search"):` holds one slot of the API's quota. With a key pool it
+    carries a key with room: `key` (the secret to call with) and `key_name`; `report(...)` goes
+    with the release (a 429 cools that key down for `reset_s`)."""
 
-    def __init__(self, client: AsyncClient, api: str, timeout: float | None, units: int) -> None:
-        self.client = client
-        self.api = api
-        self.timeout = timeout
-        self.units = units
+    def __init__(
+        self, client: AsyncClient, api: str, timeout: float | None, units: int, tokens: int = 0
+    ) -> None:
+        self.client, self.api, self.timeout, self.units, self.tokens = client, api, timeout, units, tokens
         self.lease: str | None = None
-        self.queued_s = 0.0
-        self.expires_in_s = 0.0
+        self.queued_s = self.expires_in_s = 0.0
+        self.key = self.key_name = ""
+        self._report = (0, False, 0)
 
     async def acquire(self) -> ApiLease:
-        env = await self.client._roundtrip(
-            protocol.Lease(self.api, self.units, _budget_ms(self.timeout)), timeout=self.timeout
-        )
-        body = env.msg.body  # type: ignore[attr-defined]
+        msg = protocol.Lease(self.api, self.units, _budget_ms(self.timeout), max(0, int(self.tokens)))
+        body = (await self.client._roundtrip(msg, timeout=self.timeout)).msg.body  # type: ignore[attr-defined]
         self.lease = str(body["lease"])
         self.queued_s = float(body.get("queued_s", 0.0))
         self.expires_in_s = float(body.get("expires_in_s", 0.0))
+        self.key, self.key_name = str(body.get("key", "")), str(body.get("key_name", ""))
         return self
+
+    def report(self, tokens: int | None = None, rate_limited: bool = False, reset_s: float = 0.0) -> None:
+        """The `tokens` the provider counted, or its HTTP 429 with its reset time `reset_s`."""
+        used, limited, reset_ms = self._report
+        used = max(0, int(tokens)) if tokens is not None else used
+        self._report = (used, rate_limited or limited, max(reset_ms, int(max(0.0, reset_s) * 1000)))
 
     async def release(self) -> None:
         if self.lease is None:
             return
-        lease, self.lease = self.lease, None
-        await self.client._roundtrip(protocol.Release(lease), idempotent=True, cancellable=False)
+        lease, self.lease, self.key = self.lease, None, ""
+        msg = protocol.Release(lease, *self._report)
+        await self.client._roundtrip(msg, idempotent=True, cancellable=False)
 
     async def __aenter__(self) -> ApiLease:
         return await self.acquire()

@@ -161,8 +161,10 @@ class Client:
         return self._run(lambda c: c.call(service, payload, gpus=gpus, timeout=timeout, elastic=elastic,
                                           total_timeout=total_timeout))
 
-    def api(self, name: str, timeout: float | None = None, units: int = 1) -> Lease:
-        return Lease(self, name, timeout, units)
+    def api(self, name: str, timeout: float | None = None, units: int = 1, tokens: int = 0) -> Lease:
+        """`AsyncClient.api`, blocking: a context manager holding the lease (and, for an API
+        with a key pool, its `key`)."""
+        return Lease(self, name, timeout, units, tokens)
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
         """Run `fn(*args, **kwargs)` (e.g. `tg.call`, `env.exec`) on the client's worker pool and
@@ -236,15 +238,34 @@ class Sandbox:
 
 
 class Lease:
-    def __init__(self, owner: Client, api: str, timeout: float | None, units: int) -> None:
+    def __init__(self, owner: Client, api: str, timeout: float | None, units: int, tokens: int = 0) -> None:
         self._owner = owner
-        self._args = (api, timeout, units)
+        self._args = (api, timeout, units, tokens)
         self._lease: ApiLease | None = None
 
+    def __repr__(self) -> str:
+        return f"Lease(api={self._args[0]!r}, key_name={self.key_name!r})"
+
     def __enter__(self) -> Lease:
-        api, timeout, units = self._args
-        self._lease = self._owner._run(lambda c: c.api(api, timeout=timeout, units=units).acquire())
+        api, timeout, units, tokens = self._args
+        self._lease = self._owner._run(
+            lambda c: c.api(api, timeout=timeout, units=units, tokens=tokens).acquire()
+        )
         return self
+
+    @property
+    def key(self) -> str:
+        """The API key to call with (API key pools; "" otherwise)."""
+        return self._lease.key if self._lease is not None else ""
+
+    @property
+    def key_name(self) -> str:
+        return self._lease.key_name if self._lease is not None else ""
+
+    def report(self, tokens: int | None = None, rate_limited: bool = False, reset_s: float = 0.0) -> None:
+        """`ApiLease.report`: sent with the release."""
+        if self._lease is not None:
+            self._lease.report(tokens, rate_limited, reset_s)
 
     def __exit__(self, *exc: object) -> None:
         if self._lease is not None:

@@ -45,6 +45,9 @@ from tangram.errors import ActionTimeout, ControllerUnreachable, NodeLost, Proto
 from tangram.sockio import SocketReader, send_frames, shadow
 
 log = logging.getLogger("tangram.client")
+# requests per batch: a controller reads a drain's worth of messages (256) at a time and takes the
+# clients' pipes in turn, so smaller batches keep many clients' turns short
+SEND_BATCH = 64
 
 
 @dataclass
@@ -98,6 +101,9 @@ class Transport:
         self._down = False
         self._closed = False
         self.token = b""  # the session token from the controller's Welcome (protocol 1.3)
+        self._batches = False  # the controller's Welcome said minor >= BATCH_MINOR
+        self._batch: list[list[bytes]] = []  # requests of this loop iteration, sent as one batch
+        self.batches_sent = 0  # BATCH messages sent (each carries 2 to SEND_BATCH requests)
         self._reconnected = 0.0  # when the transport last reconnected by itself (monotonic)
         self.reconnects = 0
         self.pid = os.getpid()
@@ -204,8 +210,24 @@ class Transport:
         pending = Pending(rid, frames, idempotent, loop.create_future(), loop.create_future())
         pending.accepted.add_done_callback(_retrieve)
         self._pending[rid] = pending
-        self._send(frames)
+        if self._batches:
+            self._batch.append(frames)  # with the others of this loop iteration (`_send_batch`)
+            if len(self._batch) == 1:
+                loop.call_soon(self._send_batch)
+        else:
+            self._send(frames)
         return pending
+
+    def _send_batch(self) -> None:
+        """The requests of one loop iteration as one message per `SEND_BATCH` (protocol rule 7)."""
+        items, self._batch = self._batch, []
+        if self._closed:
+            return
+        token = self.token  # a Welcome in between may have given a new one
+        items = [f if f[2][8:] == token else protocol.stamp(f, token) for f in items]
+        for message in protocol.pack(items, token, SEND_BATCH):
+            self.batches_sent += protocol.is_batch(message)
+            self._send(message)
 
     def send_raw(self, msg: protocol.Message, request_id: int = 0) -> None:
         """Fire and forget (Cancel, Heartbeat)."""
@@ -256,8 +278,8 @@ class Transport:
     async def _own(self) -> None:
         """The socket's reader, heartbeats and disconnect events, until closed."""
         assert self._sync is not None
-        # looked up per message, not bound once: `tangram bench burst` wraps `_on_frames` to count finals
-        self._reader = SocketReader(self._sync, lambda f: self._on_frames(f), before=self._flush_out)
+        # `tangram bench burst` wraps `_on_envelope` (looked up per message) to count finals
+        self._reader = SocketReader(self._sync, self._on_frames, before=self._flush_out)
         try:
             while True:
                 await self._watch(self.heartbeat_s / 2)
@@ -334,16 +356,28 @@ class Transport:
             self._sync.connect(self.addr)
         self._disconnected, self._lost_at = True, now  # what libzmq still held is gone: resend on Welcome
 
-    def _on_frames(self, frames: list[bytes]) -> None:
+    def _on_frames(self, frames: list[bytes]) -> int:
+        """One message from the controller (a batch: each item); returns how many it carried."""
         self._last_recv = time.monotonic()
         try:
-            env = protocol.decode(frames)
+            envs = protocol.decode_all(frames)
         except ProtocolError as exc:
             log.warning("undecodable reply from the controller dropped: %s", exc)
-            return
+            return 1
         if self._down:
             self._down = False
             self._send_hello()  # re-register; pending requests are resent on Welcome
+        for env in envs:  # one, or the items of a batch
+            if isinstance(env, protocol.BadItem):
+                log.warning("undecodable reply to request %d: %s", env.request_id, env.error)
+                pending = self._pending.pop(env.request_id, None)
+                if pending is not None and not pending.final.done():
+                    pending.final.set_exception(env.error)
+            else:
+                self._on_envelope(env)
+        return len(envs)
+
+    def _on_envelope(self, env: protocol.Envelope) -> None:
         msg = env.msg
         if isinstance(msg, protocol.Welcome):
             self._on_welcome(msg)
@@ -379,6 +413,7 @@ class Transport:
             pending.final.set_result(env)
 
     def _on_welcome(self, msg: protocol.Welcome) -> None:
+        self._batches = msg.minor >= protocol.BATCH_MINOR
         token = bytes.fromhex(msg.session)
         if token != self.token:  # a new session (the first, or a controller restarted without state)
             self.token = token
@@ -398,8 +433,18 @@ class Transport:
             log.warning("controller %s restarted (epoch %d): resending %d pending requests",
                         self.addr, msg.controller_epoch, len(self._pending))
         # Requests sent after the link was seen lost waited in libzmq's queue and reach the new
-        # peer by themselves: resending them would only earn a second copy of their reply.
-        cut = self._lost_at if lost else float("inf")
+        # peer by themselves, and so do those sent after this Welcome: resending them would only
+        # earn a second copy of their reply. The resend waits until the rest of what is on the
+        # socket was read: a final reply that crossed the Welcome answers its request, which is
+        # then not resent (nor answered twice).
+        cut = self._lost_at if lost else time.monotonic()
+        asyncio.get_running_loop().call_soon(self._resend, cut, restarted, msg.durable)
+
+    def _resend(self, cut: float, restarted: bool, durable: bool) -> None:
+        if self._closed:
+            return
+        if self._reader is not None:
+            self._reader.drain()
         for rid, p in list(self._pending.items()):
             if p.sent_at > cut:
                 continue
@@ -407,7 +452,7 @@ class Transport:
             # Welcome.durable) answers a request that ran with its recorded reply, or NODE_LOST
             # when it was still running, and submits one that had only been queued: nothing runs
             # twice. A controller without state cannot tell: only idempotent requests go again.
-            if restarted and not msg.durable and not p.idempotent:
+            if restarted and not durable and not p.idempotent:
                 self._pending.pop(rid, None)
                 if not p.final.done():
                     p.final.set_exception(

@@ -88,7 +88,8 @@ class ActionSpec:
     resource; ``sandbox`` is the trajectory's environment (EXEC, OPEN); ``service`` the GPU
     service (CALL); ``api`` the API name (LEASE). ``t_ori`` is the profiled single-unit
     duration in seconds (None: use the history of ``action_type``). ``timeout_s`` bounds
-    queueing plus running (0: none).
+    queueing plus running (0: none). ``tokens`` (LEASE): what the call will be charged against
+    a key's tokens-per-minute limit (prompt + maximum output; 0: none).
     """
 
     action_id: str
@@ -107,6 +108,7 @@ class ActionSpec:
     timeout_s: float = 0.0
     mem_mib: int = 0
     extra: tuple[tuple[str, str], ...] = field(default=())
+    tokens: int = 0
 
     def demand_of(self, resource: str) -> Demand:
         for r, d in self.demand:

@@ -71,11 +71,14 @@ class Invoke:
 
 @dataclass(frozen=True)
 class Grant:
-    """API lease ``action_id`` may call ``api`` now, until ``expires`` (core time)."""
+    """API lease ``action_id`` may call ``api`` now, until ``expires`` (core time), with the
+    API's key named ``key`` ("" when the API has no keys; the driver hands the holder the
+    secret, which the core never sees)."""
 
     action_id: str
     api: str
     expires: float = 0.0
+    key: str = ""
 
 
 @dataclass(frozen=True)

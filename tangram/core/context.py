@@ -8,7 +8,9 @@ by the scheduler when an action ends), queues through ``Pending`` (via ``dequeue
 the ApproxACTs view of a waiting action) is read here too, so that both passes and
 admission agree on it. The passes' own memos live here as well: ``held`` (the CPU pass's
 nodes that hold their prefix for more cores, which ``Scheduler.next_deadline`` also reads)
-and ``chunk_operators`` (the GPU pass's Algorithm 4 operators per free layout).
+and ``chunk_operators`` (the GPU pass's Algorithm 4 operators per free layout). ``warming`` holds
+the GPU chunks being restored ahead of their calls (``prewake.py``); ``pass_deadlines`` gives
+the scheduler the times at which a held node or a warm needs deciding again.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from tangram.core import commands as cmd
 from tangram.core.actions import ActionSpec
 from tangram.core.approx import Behind
 from tangram.core.gpu import ChunkOperator
+from tangram.core.prewake import Warming
 from tangram.core.state import Running, Waiting
 from tangram.core.status import Shortfall
 
@@ -29,7 +32,9 @@ if TYPE_CHECKING:
 class PassContext:
     """A narrow view of one ``Scheduler`` for its passes (see the module docstring)."""
 
-    __slots__ = ("_s", "chunk_operators", "config", "cpu", "gpu", "held", "pending", "running", "sandboxes")
+    __slots__ = (
+        "_s", "chunk_operators", "config", "cpu", "gpu", "held", "pending", "running", "sandboxes", "warming",
+    )
 
     def __init__(self, sched: Scheduler) -> None:
         self._s = sched
@@ -42,10 +47,24 @@ class PassContext:
         # node -> (its state when it held its whole CPU prefix, when to re-decide at the latest)
         self.held: dict[str, tuple[tuple[object, ...], float]] = {}
         self.chunk_operators: dict[tuple[int, tuple[tuple[int, int], ...]], ChunkOperator] = {}  # by free layout
+        self.warming = Warming()  # GPU chunks restored ahead of their calls (prewake.py)
 
     @property
     def now(self) -> float:
         return self._s.now
+
+    def pass_deadlines(self) -> list[float]:
+        """When a held CPU node's plan expected a release, and when each warm GPU chunk's
+        restore ends: the passes' own deadlines (``Scheduler.next_deadline``)."""
+        now = self._s.now
+        return [t for _, t in self.held.values() if t > now] + self.warming.deadlines()
+
+    def end_warms(self) -> bool:
+        """End the GPU warms that are due (``prewake.Warming.finish_due``); whether any did."""
+        now = self._s.now
+        if not any(t <= now for t in self.warming.deadlines()):
+            return False
+        return self.warming.finish_due(now, self.gpu.nodes, float(self.stamp()))
 
     # -- the duration model ----------------------------------------------------------------
     def estimate(self, spec: ActionSpec, units: int) -> float:

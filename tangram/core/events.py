@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tangram.core.actions import ActionSpec
+from tangram.core.managers.keys import ApiKey
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,27 @@ class ServiceDefined:
 
 @dataclass(frozen=True)
 class ApiDefined:
-    """An external API: ``mode`` is ``concurrency`` (limit in flight) or ``quota`` (per period)."""
+    """An external API: ``mode`` is ``concurrency`` (limit in flight) or ``quota`` (per period).
+    ``keys``: its key pool, by name and limits only (``managers/keys.py``); with keys a
+    ``limit`` of 0 leaves the keys' limits as the only ones."""
 
     api: str
     mode: str
     limit: int
     period_s: float = 60.0
+    keys: tuple[ApiKey, ...] = ()
+
+
+@dataclass(frozen=True)
+class ApiReported:
+    """The holder of lease ``action_id`` reports its call: the ``tokens`` it used (-1: not
+    reported) and whether the provider answered rate-limited (HTTP 429), with the reset time
+    it gave (``reset_s``): that key then cools down."""
+
+    action_id: str
+    tokens: int = -1
+    limited: bool = False
+    reset_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +153,7 @@ Event = (
     | ServiceDefined
     | ApiDefined
     | ApiUsed
+    | ApiReported
     | SandboxOpened
     | SandboxClosed
     | SandboxAdopted

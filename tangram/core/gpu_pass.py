@@ -7,6 +7,10 @@ candidates with ``DPTable`` and ``ChunkOperator`` plus greedy eviction (``_sizes
 starts calls with ``Evict``/``Load``/``Invoke`` (``_start_call``). Under the tangram policy the
 restore-or-wait choice weighs what a restore costs the calls behind (``_wait_for_resident``), and
 a restore prefers a chunk whose eviction no call in the window wants (``GpuManager.choose``).
+With pre-wake on (``CoreConfig.prewake``, ``prewake.py``), a call takes a free resident copy at
+any of its sizes first, elastic sizes carry their restore, a copy being restored counts as one
+that frees when its restore ends, and after the starts idle chunks are warmed for the calls
+still waiting.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from itertools import islice
 from typing import TYPE_CHECKING
 
 from tangram.core import commands as cmd
+from tangram.core import prewake
 from tangram.core.actions import ActionSpec, Kind
 from tangram.core.approx import greedy_eviction
 from tangram.core.dp import DPTable
@@ -43,6 +48,7 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
     queue = _Prefix(ctx.pending.lane(GPU), 2 * ctx.config.behind_limit + 2)
     aware = ctx.config.policy == TANGRAM and ctx.config.cache_aware
     window = _Window(queue, ctx.config.behind_limit) if aware else None
+    wake = prewake.enabled(ctx)
     for i, w in enumerate(queue):
         if blocked:
             if len(behind) >= ctx.config.behind_limit:
@@ -54,7 +60,8 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
         if window is not None:
             window.advance(i)
             wanted = window.count
-        pl = ctx.gpu.choose(w.spec.service, size, busy, set(), wanted=wanted)
+        pl = prewake.resident(ctx, w, busy) if wake else None
+        pl = pl or ctx.gpu.choose(w.spec.service, size, busy, set(), wanted=wanted)
         if pl is None:
             blocked = True
             free = sum(n.count - busy[name].bit_count() for name, n in ctx.gpu.nodes.items())
@@ -73,6 +80,8 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
     ctx.examined(GPU, queue.seen)  # a cost meter
     for node in sorted(groups):
         _start_group(ctx, node, groups[node], behind, wants, out)
+    if wake:
+        prewake.run(ctx, queue.read(), out)
 
 
 class _Prefix:
@@ -87,6 +96,10 @@ class _Prefix:
 
     def __len__(self) -> int:
         return self._len
+
+    def read(self) -> list[Waiting]:
+        """The calls read so far (some may have started since), in FCFS order."""
+        return self._read[: self.seen]
 
     def __getitem__(self, i: int) -> Waiting:
         read = self._read
@@ -149,8 +162,9 @@ def _frees(ctx: PassContext, soon: Soon, service: str, size: int) -> list[float]
     key = (service, size)
     if key not in soon:
         soon[key] = sorted(
-            r.est_end for name in ctx.gpu.nodes for r in ctx.running.on(name, Kind.CALL).values()
-            if r.spec.service == service and r.chunk[1] == size
+            [r.est_end for name in ctx.gpu.nodes for r in ctx.running.on(name, Kind.CALL).values()
+             if r.spec.service == service and r.chunk[1] == size]
+            + ctx.warming.ready_times(service, size)  # copies restored ahead free when ready
         )
     return soon[key]
 
@@ -173,19 +187,46 @@ def _wait_for_resident(ctx: PassContext, w: Waiting, size: int, pl: Placement, w
       and a restore of its own (a pairwise exchange of the two calls).
 
     With an idle pool and no wanted victim this is the plain "sooner than a restore" rule.
-    Only a call with a busy resident copy waits, so the wait is bounded by that copy's turn."""
+    Only a call with a busy resident copy waits, so the wait is bounded by that copy's turn.
+    With pre-wake on, the busy copies at every size the call accepts count (a copy being
+    restored ahead counts from its restore's end), and the call waits for the one it would
+    finish on first when that beats the restore."""
     spec = w.spec
-    frees = _frees(ctx, soon, spec.service, size)
-    if not frees:
+    sizes = prewake.sizes_of(w, ctx) if prewake.enabled(ctx) else (size,)
+    copy = _first_copy(ctx, soon, spec, sizes)
+    if copy is None:
         return False
+    frees, theirs = copy  # in excess of running the call on ``pl`` (0.0 at the same size: exact)
+    restore = _restore_cost(ctx, w, sizes, pl, window, soon, busy)
+    if frees[0] + (theirs - ctx.estimate(spec, size)) - ctx.now >= restore:
+        return False
+    heapq.heapreplace(frees, frees[0] + theirs)
     load_s = ctx.gpu.services[spec.service].load(size)
-    mine = ctx.estimate(spec, size)
+    w.status = wait(
+        message=f"waiting for a busy GPU that holds {spec.service}: sooner than a {load_s:g} s restore costs"
+    )
+    return True
+
+
+def _restore_cost(ctx: PassContext, w: Waiting, sizes: tuple[int, ...], pl: Placement, window: _Window,
+                  soon: Soon, busy: dict[str, int]) -> float:
+    """What restoring for ``w`` now costs in summed completion time, beyond running it on
+    ``pl`` right away: its restore (and, at another size, the difference in run time), the
+    restore's GPU-seconds taken from the calls behind, and the waits of wanted victims
+    (``_wait_for_resident``). Over ``sizes``, the cheapest size a free chunk has room for
+    (the victims are those of ``pl``, the smallest size's chunk)."""
+    svc = ctx.gpu.services[w.spec.service]
     gpus = free = 0
     for name, gn in ctx.gpu.nodes.items():
         gpus += gn.count
         free += gn.count - busy[name].bit_count()
     queued = max(0, window.total - (free - pl.size))  # the calls behind that find no free GPU
-    cost = load_s * (1.0 + queued / gpus)
+    per_gpu = prewake.enabled(ctx)  # a restore on u GPUs takes u x its time from the calls behind
+    load_s, mine = svc.load(pl.size), ctx.estimate(w.spec, pl.size)
+    cost = min(
+        svc.load(u) * (1.0 + (u if per_gpu else 1) * queued / gpus) + (ctx.estimate(w.spec, u) - mine)
+        for u in sizes if u == pl.size or _free_chunk(ctx, u, busy)
+    )
     for victim in pl.evict:
         service, _, vsize = victim
         if (service, vsize) not in window.count or _free_copy(ctx, victim, pl.node, busy):
@@ -193,13 +234,31 @@ def _wait_for_resident(ctx: PassContext, w: Waiting, size: int, pl: Placement, w
         later = load_s + mine + ctx.gpu.services[service].load(vsize)  # after this call, restored again
         vf = _frees(ctx, soon, service, vsize)
         cost += min(vf[0] - ctx.now, later) if vf else later
-    if frees[0] - ctx.now >= cost:
-        return False
-    heapq.heapreplace(frees, frees[0] + mine)
-    w.status = wait(
-        message=f"waiting for a busy GPU that holds {spec.service}: sooner than a {load_s:g} s restore costs"
-    )
-    return True
+    return cost
+
+
+def _free_chunk(ctx: PassContext, size: int, busy: dict[str, int]) -> bool:
+    """Whether some node has a free aligned chunk of ``size`` GPUs in this pass."""
+    for name, gn in ctx.gpu.nodes.items():
+        b = busy[name]
+        if any(gn.is_free(start, size, b) for start in range(0, gn.count - size + 1, size)):
+            return True
+    return False
+
+
+def _first_copy(
+    ctx: PassContext, soon: Soon, spec: ActionSpec, sizes: tuple[int, ...]
+) -> tuple[list[float], float] | None:
+    """Over the busy copies of the call's service at ``sizes``, the one the call would finish
+    on first: that size's heap in ``soon`` (its first entry is the copy) and the call's run there."""
+    best: tuple[float, list[float], float] | None = None
+    for u in sizes:
+        frees = _frees(ctx, soon, spec.service, u)
+        if frees:
+            run_s = ctx.estimate(spec, u)
+            if best is None or frees[0] + run_s < best[0]:
+                best = (frees[0] + run_s, frees, run_s)
+    return None if best is None else best[1:]
 
 
 def _free_copy(ctx: PassContext, victim: Instance, node: str, busy: dict[str, int]) -> bool:
@@ -237,6 +296,8 @@ def _sizes(ctx: PassContext, gnode: GpuNode, group: list[Waiting], behind: list[
     mins = [chunk_size(w.spec.key_demand.min) for w in group]
     free = gnode.count - gnode.busy.bit_count()
     options = [_options(ctx, w.spec, free) for w in group]
+    if prewake.enabled(ctx):
+        options = [prewake.sized(ctx, gnode, w, o) for w, o in zip(group, options, strict=True)]
     if all(len(o) == 1 for o in options):
         return [next(iter(o)) for o in options]
     table = DPTable(options, _operator(ctx, gnode.free_chunks()))

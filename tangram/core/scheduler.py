@@ -31,8 +31,8 @@ import itertools
 from dataclasses import dataclass
 from random import Random
 
+from tangram.core import api_pass, cpu_pass, gpu_pass
 from tangram.core import commands as cmd
-from tangram.core import cpu_pass, gpu_pass
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, DurationHistory, Kind, duration
 from tangram.core.approx import Behind
@@ -55,7 +55,7 @@ from tangram.core.state import (
     Waiting,
     node_row,
 )
-from tangram.core.status import ADMITTED, Code, Shortfall, Status, never, wait
+from tangram.core.status import ADMITTED, Code, Shortfall, Status, never
 
 __all__ = [
     "FIXED", "MAX", "MIN", "TANGRAM", "CoreConfig", "QueueRow", "Running", "Sandbox", "Scheduler", "Snapshot",
@@ -76,6 +76,7 @@ class CoreConfig:
     default_duration_s: float = 1.0
     behind_limit: int = 32
     cache_aware: bool = True  # False: GPU chunks chosen ignoring residency (the serverless baseline)
+    prewake: bool = True  # restore GPU services ahead of waiting calls (prewake.py); False: the old results
 
 
 class Scheduler:
@@ -126,6 +127,8 @@ class Scheduler:
         self.now = max(self.now, now)
         out: list[cmd.Command] = []
         self._expire(out)
+        if self._ctx.end_warms():  # GPU chunks restored ahead of their calls (prewake.py)
+            self._dirty.add(GPU)
         self._schedule(out)
         return out
 
@@ -137,10 +140,8 @@ class Scheduler:
                 break
             heapq.heappop(self._deadlines)
         times = [self._deadlines[0][0]] if self._deadlines else []
-        for name, api in self.basic.apis.items():
-            if self.queues.get(_api_pool(name)) and (t := api.next_window()) is not None:
-                times.append(t)
-        times.extend(t for _, t in self._ctx.held.values() if t > self.now)
+        times.extend(api_pass.deadlines(self))  # quota windows, key windows and cool-downs
+        times.extend(self._ctx.pass_deadlines())  # held CPU nodes, GPU warms
         return min(times) if times else None
 
     # -- events --------------------------------------------------------------------------
@@ -182,12 +183,15 @@ class Scheduler:
         self.gpu.define(ServiceInfo(e.service, e.gpu_mem_mib, sizes, e.load_s, e.t_ori, per_size))
 
     def _on_api(self, e: ev.ApiDefined, out: list[cmd.Command]) -> None:
-        self.basic.define(e.api, e.mode, e.limit, e.period_s)
+        self.basic.define(e.api, e.mode, e.limit, e.period_s, e.keys)
         self._dirty.add(_api_pool(e.api))
 
     def _on_api_used(self, e: ev.ApiUsed, out: list[cmd.Command]) -> None:
         if (api := self.basic.apis.get(e.api)) is not None:
             api.spent(e.used, self.now - e.window_age_s, self.now)
+
+    def _on_api_reported(self, e: ev.ApiReported, out: list[cmd.Command]) -> None:
+        api_pass.report(self, e.action_id, e.tokens, e.limited, e.reset_s)
 
     def _on_sandbox_opened(self, e: ev.SandboxOpened, out: list[cmd.Command]) -> None:
         if e.sandbox in self.sandboxes:
@@ -273,6 +277,8 @@ class Scheduler:
         node = self.gpu.nodes.get(e.node)
         if node is None:
             return
+        if self._ctx.warming.cancel(e.node, e.service, e.start, self.gpu.nodes, float(self._ctx.stamp())):
+            self._dirty.add(GPU)
         for inst in [i for i in node.resident if i[0] == e.service and i[1] == e.start]:
             if inst not in node.in_use:
                 node.drop_resident(inst)
@@ -372,10 +378,7 @@ class Scheduler:
             cap = max((n.count for n in self.gpu.nodes.values()), default=0)
             return never(Shortfall(GPU, spec.key_demand.min, cap, cap, "largest node"), message=why)
         if spec.kind is Kind.LEASE:
-            api = self.basic.apis[spec.api]
-            units = spec.key_demand.min
-            if units > api.limit:
-                return never(Shortfall(spec.key, units, api.limit, api.limit, spec.api), message="above the API limit")
+            return api_pass.never_fits(self, spec)
         return None
 
     def _pool(self, spec: ActionSpec) -> str:
@@ -394,27 +397,7 @@ class Scheduler:
             elif pool == GPU:
                 gpu_pass.run(self._ctx, out)
             elif is_api(pool):
-                self._pass_api(pool, out)
-
-    def _pass_api(self, pool: str, out: list[cmd.Command]) -> None:
-        api = self.basic.apis[pool[len("api:"):]]
-        lane = self.pending.lane(pool)
-        while (w := lane.head()) is not None:
-            self.examined[pool] = self.examined.get(pool, 0) + 1
-            aid = w.spec.action_id
-            units = w.spec.key_demand.min
-            free = api.free(self.now)
-            if free < units:
-                w.status = wait(Shortfall(pool, units, free, api.limit, api.name))
-                break
-            self.pending.remove(aid)
-            api.take(aid, units, self.now)
-            ttl = w.spec.timeout_s or self.config.lease_ttl_s
-            expires = self.now + ttl
-            self.running[aid] = Running(w.spec, api.name, units, self.now, expires, deadline=expires)
-            self._seq += 1
-            heapq.heappush(self._deadlines, (expires, self._seq, aid))
-            out.append(cmd.Grant(aid, api.name, expires))
+                api_pass.run(self, pool, out)
 
     # -- duration model (shared by admission and both passes) ------------------------------
     def _min_units(self, spec: ActionSpec) -> int:
@@ -550,7 +533,7 @@ class Scheduler:
         )
         apis = tuple(
             {"api": a.name, "mode": a.mode, "limit": a.limit, "in_flight": len(a.in_flight), "used": a.used,
-             "queued": len(self.queues.get(_api_pool(a.name), {}))}
+             "queued": len(self.queues.get(_api_pool(a.name), {})), "keys": a.keys.rows(self.now)}
             for a in sorted(self.basic.apis.values(), key=lambda a: a.name)
         )
         pools = self.queues
@@ -587,6 +570,7 @@ _HANDLERS = {
     ev.ServiceDefined: Scheduler._on_service,
     ev.ApiDefined: Scheduler._on_api,
     ev.ApiUsed: Scheduler._on_api_used,
+    ev.ApiReported: Scheduler._on_api_reported,
     ev.SandboxOpened: Scheduler._on_sandbox_opened,
     ev.SandboxClosed: Scheduler._on_sandbox_closed,
     ev.SandboxAdopted: Scheduler._on_sandbox_adopted,

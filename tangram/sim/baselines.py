@@ -18,6 +18,9 @@ PURE (a guard test checks it): no clock, no I/O, no global random.
 * ``fixed-dop:K``: Tangram's machinery, every elastic action gets exactly K units.
 * ``api-retry``: clients call APIs directly; an over-quota call fails (429) and is retried
   with exponential backoff (``RetryPolicy``); no leases. Modelled in the client (engine).
+* ``no-prewake``: Tangram without GPU pre-wake (``CoreConfig(prewake=False)``): restores start
+  only when a call is chosen to run. ``tangram+no-prewake`` reproduces the results from before
+  pre-wake existed; printed beside ``tangram`` it shows what pre-wake changes.
 * Combinations join with ``+``: ``api-retry+static`` is the paper's DeepSearch baseline.
 """
 
@@ -34,7 +37,7 @@ from tangram.core.resources import Demand
 from tangram.core.scheduler import FIXED, MAX, MIN, CoreConfig, Scheduler
 from tangram.errors import ConfigError
 
-NAMES = ("tangram", "k8s", "static", "serverless", "fixed-dop:K", "api-retry", "min", "max")
+NAMES = ("tangram", "k8s", "static", "serverless", "fixed-dop:K", "api-retry", "no-prewake", "min", "max")
 
 
 @dataclass(frozen=True)
@@ -80,10 +83,11 @@ def _int_arg(part: str, arg: str) -> int:
 
 def parse_policy(text: str) -> Policy:
     """``tangram``, ``tangram:3``, ``k8s``, ``k8s:4``, ``static``, ``serverless``,
-    ``fixed-dop:16``, ``api-retry``, ``min``, ``max``, joined with ``+``."""
+    ``fixed-dop:16``, ``api-retry``, ``no-prewake``, ``min``, ``max``, joined with ``+``."""
     depth, policy, fixed = 2, "tangram", 0
     reserve: int | None = None
     static = serverless = direct = False
+    prewake = True
     for part in text.strip().lower().split("+"):
         name, _, arg = part.partition(":")
         if name == "tangram":
@@ -96,6 +100,8 @@ def parse_policy(text: str) -> Policy:
             serverless = True
         elif name == "api-retry" and not arg:
             direct = True
+        elif name == "no-prewake" and not arg:
+            prewake = False
         elif name == "fixed-dop":
             if not arg:
                 raise ConfigError("policy fixed-dop needs K", hint="e.g. fixed-dop:16")
@@ -106,7 +112,9 @@ def parse_policy(text: str) -> Policy:
             raise ConfigError(
                 f"unknown policy {part!r}", hint=f"use one of {', '.join(NAMES)}, joined with '+'"
             )
-    core = CoreConfig(depth=depth, policy=policy, fixed_dop=fixed, cache_aware=not serverless)
+    core = CoreConfig(
+        depth=depth, policy=policy, fixed_dop=fixed, cache_aware=not serverless, prewake=prewake
+    )
     return Policy(text.strip().lower(), core, reserve, static, serverless, direct)
 
 

@@ -9,6 +9,10 @@ shared/design/anchors.md (each field says which row):
   with the plan, so every policy sees the same work);
 * ``Invoke`` after a ``Load`` of the same chunk in the same command list first restores the
   service: ``restore_t0_s + bytes per GPU / h2d_gb_s`` (anchors §1.2 "restore model");
+  a ``Load`` with no ``Invoke`` after it (a pre-wake) restores on its own, and a later
+  ``Invoke`` on those GPUs starts when that restore ends (the node runs them in order): what
+  is left of the restore then lies on the call's path (``Run.restore_s``), and the pre-wake's
+  GPU-seconds are counted apart (``prewake_gpu_s``);
 * ``CreateSandbox`` takes ``sandbox_create_s`` and each node creates at most
   ``sandbox_create_per_s`` containers per second (anchors §1.1 docker rows);
 * the Kubernetes baseline talks to the API server through **one FIFO request queue**
@@ -23,11 +27,17 @@ shared/design/anchors.md (each field says which row):
 * every ``Spawn`` pays a per-action control cost before it runs: the direct path's 3.7 ms
   (anchors §1.6) in a Tangram sandbox, an exec through the container runtime (~68 ms,
   anchors §1.1) in a Kubernetes pod (after its turn in the API queue above);
-* ``Kill`` finishes the action at once with ``ok=False``.
+* ``Kill`` finishes the action at once with ``ok=False``;
+* a ``Grant`` of an API with keys is a call with that key to a provider that enforces each
+  key's limits (``KeyedProvider``): over a limit it answers HTTP 429 (the rollout code sees
+  it, reports it with ``ApiReported`` and leases again); otherwise the call runs its time and
+  its holder reports the tokens the provider counted before releasing the lease.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -38,6 +48,7 @@ import yaml
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.actions import Elasticity, duration
+from tangram.core.managers.keys import WINDOW_S, ApiKey
 from tangram.errors import ConfigError
 
 GIB = 1024
@@ -142,6 +153,8 @@ class Truth:
     t_ori: float
     elasticity: Elasticity | None
     model_gb: float = 0.0  # CALL: the service's size, for restores
+    tokens: int = 0  # LEASE: what the provider counts for the call
+    api: str = ""  # LEASE: the API
 
 
 @dataclass(slots=True)
@@ -158,19 +171,29 @@ class Run:
 
 
 class ClusterModel:
-    def __init__(self, spec: ClusterSpec, truth: Callable[[str], Truth]) -> None:
+    def __init__(
+        self, spec: ClusterSpec, truth: Callable[[str], Truth], model_gb: Callable[[str], float] | None = None
+    ) -> None:
         self.spec = spec
         self.truth = truth
+        self.model_gb = model_gb  # service -> size, for a Load with no Invoke after it (pre-wake)
+        self.providers: dict[str, KeyedProvider] = {}  # API -> its provider, for APIs with keys
+        self.error_s = 0.2  # a 429 answer takes one round trip (as RetryPolicy.error_s)
+        self.limited: set[str] = set()  # leases whose call got a 429
         self.ready: dict[str, float] = {}  # sandbox -> ready time
         self._create_free: dict[str, float] = {}  # node -> container-create server free at
         self._api_free = 0.0  # the Kubernetes API-server request queue (FIFO): free at
         self.runs: dict[str, Run] = {}
         self.pods: dict[str, tuple[float, int]] = {}  # sandbox -> (ready, cores) of a reservation
         self.restores = 0
+        self.prewakes = 0
+        self.prewake_gpu_s = 0.0
+        self._loading: dict[tuple[str, int], float] = {}  # (node, GPU) -> a pre-wake restore ends at
 
     def apply(self, commands: Sequence[cmd.Command], now: float) -> list[tuple[float, ev.Event]]:
         out: list[tuple[float, ev.Event]] = []
         loaded: set[tuple[str, str, int]] = set()
+        called = {(c.node, c.service, c.start) for c in commands if type(c) is cmd.Invoke}
         for c in commands:
             t = type(c)
             if t is cmd.Spawn:
@@ -193,15 +216,17 @@ class ClusterModel:
                     self.spec.restore_s(tr.model_gb, size) if (c.node, c.service, c.start) in loaded else 0.0
                 )
                 self.restores += restore > 0
+                left = max((self._loading.get((c.node, g), now) for g in range(c.start, c.end)), default=now)
+                restore += max(0.0, left - now)  # the rest of a pre-wake restore of these GPUs
                 end = now + restore + duration(tr.t_ori, tr.elasticity, size)
                 self.runs[c.action_id] = Run(now, end, size, "gpu", restore, now)
                 out.append((end, ev.ActionFinished(c.action_id)))
             elif t is cmd.Load:
                 loaded.add((c.node, c.service, c.start))
+                if (c.node, c.service, c.start) not in called:
+                    self._prewake(c, now)
             elif t is cmd.Grant:
-                end = now + self.truth(c.action_id).t_ori
-                self.runs[c.action_id] = Run(now, end, 1, "api", 0.0, now)
-                out.append((end, ev.ActionFinished(c.action_id)))
+                out.extend(self._grant(c, now))
             elif t is cmd.CreateSandbox:
                 begin = max(now, self._create_free.get(c.node, 0.0))
                 self._create_free[c.node] = begin + 1.0 / self.spec.sandbox_create_per_s
@@ -218,6 +243,33 @@ class ClusterModel:
             elif t is cmd.DestroySandbox:
                 self.ready.pop(c.sandbox, None)
         return out
+
+    def _grant(self, c: cmd.Grant, now: float) -> list[tuple[float, ev.Event]]:
+        tr = self.truth(c.action_id)
+        provider = self.providers.get(c.api) if c.key else None
+        end = now + tr.t_ori
+        if provider is not None and not provider.call(c.key, tr.tokens, now, end):
+            t = now + self.error_s  # HTTP 429: reported, the lease given back
+            self.limited.add(c.action_id)
+            reset = provider.reset_s(c.key, now)
+            self.runs[c.action_id] = Run(now, t, 1, "api", 0.0, now)
+            return [(t, ev.ApiReported(c.action_id, -1, True, reset)),
+                    (t, ev.ActionFinished(c.action_id, ok=False, reason="rate limited"))]
+        self.runs[c.action_id] = Run(now, end, 1, "api", 0.0, now)
+        if provider is None:
+            return [(end, ev.ActionFinished(c.action_id))]
+        return [(end, ev.ApiReported(c.action_id, tr.tokens)), (end, ev.ActionFinished(c.action_id))]
+
+    def _prewake(self, c: cmd.Load, now: float) -> None:
+        """A restore ahead of its call: the GPUs load until it ends."""
+        size = c.end - c.start
+        gb = self.model_gb(c.service) if self.model_gb is not None else 0.0
+        begin = max([now] + [self._loading.get((c.node, g), now) for g in range(c.start, c.end)])
+        ready = begin + self.spec.restore_s(gb, size)
+        for g in range(c.start, c.end):
+            self._loading[(c.node, g)] = ready
+        self.prewakes += 1
+        self.prewake_gpu_s += size * (ready - begin)
 
     def _api_request(self, now: float, cost_s: float) -> float:
         """One request through the API-server queue (FIFO; ``now`` never decreases): when
@@ -236,19 +288,22 @@ class ApiProvider:
         self.in_flight = 0
         self.window_start: float | None = None
         self.used = 0
+        self.refused = 0  # calls answered HTTP 429
 
-    def try_call(self, now: float) -> bool:
+    def try_call(self, now: float, tokens: int = 0, end: float | None = None) -> bool:
         if self.mode == "quota":
             if self.window_start is not None and now >= self.window_start + self.period_s:
                 self.window_start += int((now - self.window_start) // self.period_s) * self.period_s
                 self.used = 0
             if self.used >= self.limit:
+                self.refused += 1
                 return False
             if self.window_start is None:
                 self.window_start = now
             self.used += 1
             return True
         if self.in_flight >= self.limit:
+            self.refused += 1
             return False
         self.in_flight += 1
         return True
@@ -256,3 +311,60 @@ class ApiProvider:
     def done(self) -> None:
         if self.mode != "quota":
             self.in_flight -= 1
+
+
+class KeyedProvider:
+    """A provider that limits each of an API's keys (issue 14, item 4): requests per minute,
+    tokens per minute (on a sliding minute, charged when the call arrives) and calls in
+    flight. A call over any limit of its key is refused (HTTP 429); ``refused`` counts them.
+    Direct callers (the api-retry baseline) take the keys in turn (``try_call``)."""
+
+    def __init__(self, keys: tuple[ApiKey, ...]) -> None:
+        self.keys = {k.name: k for k in keys}
+        self._log: dict[str, deque[tuple[float, int]]] = {k.name: deque() for k in keys}
+        self._tokens: dict[str, int] = {k.name: 0 for k in keys}  # in the window
+        self._ends: dict[str, list[float]] = {k.name: [] for k in keys}  # calls in flight end at
+        self._turn = 0
+        self.refused = 0
+        self.served: list[tuple[float, int]] = []  # (time, tokens) of every served call
+
+    def _roll(self, key: str, now: float) -> deque[tuple[float, int]]:
+        log = self._log[key]
+        while log and log[0][0] <= now - WINDOW_S:
+            self._tokens[key] -= log.popleft()[1]
+        ends = self._ends[key]
+        while ends and ends[0] <= now:
+            heapq.heappop(ends)
+        return log
+
+    def call(self, key: str, tokens: int, now: float, end: float) -> bool:
+        """One call with ``key`` from ``now`` to ``end``: served, or refused (429)."""
+        k, log = self.keys[key], self._roll(key, now)
+        over = (
+            (k.rpm > 0 and len(log) + 1 > k.rpm)
+            or (k.tpm > 0 and self._tokens[key] + tokens > k.tpm)
+            or (k.concurrency > 0 and len(self._ends[key]) >= k.concurrency)
+        )
+        if over:
+            self.refused += 1
+            return False
+        log.append((now, tokens))
+        self._tokens[key] += tokens
+        heapq.heappush(self._ends[key], end)
+        self.served.append((now, tokens))
+        return True
+
+    def reset_s(self, key: str, now: float) -> float:
+        """What the 429 says: seconds until the key's oldest call in the window ages out."""
+        log = self._roll(key, now)
+        return max(0.0, log[0][0] + WINDOW_S - now) if log else 1.0
+
+    def try_call(self, now: float, tokens: int = 0, end: float | None = None) -> bool:
+        """A direct call (no lease): the next key in turn."""
+        names = sorted(self.keys)
+        key = names[self._turn % len(names)]
+        self._turn += 1
+        return self.call(key, tokens, now, now if end is None else end)
+
+    def done(self) -> None:
+        """A direct call ended (its end was given to ``try_call``)."""

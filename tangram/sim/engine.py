@@ -26,7 +26,7 @@ from tangram.core.actions import ActionSpec, Elasticity, Kind
 from tangram.core.resources import CPU, GPU, Demand, api_resource
 from tangram.journal import Journal
 from tangram.sim.baselines import Policy, call_demand, make_core, static_layout
-from tangram.sim.cluster import ApiProvider, ClusterModel, ClusterSpec, Truth
+from tangram.sim.cluster import ApiProvider, ClusterModel, ClusterSpec, KeyedProvider, Truth
 from tangram.sim.workloads import ActionPlan, TrajPlan, Workload, generate
 
 EVENT, WAKE, ATTEMPT, API_DONE, FAIL, STEP = range(6)
@@ -44,6 +44,7 @@ class ActRecord:
     end: float = -1.0
     ok: bool = True
     attempts: int = 0
+    api: str = ""
 
 
 @dataclass(slots=True)
@@ -74,6 +75,8 @@ class SimResult:
     wall_s: float
     decide_s: array = field(default_factory=lambda: array("d"))
     counters: dict[str, int] = field(default_factory=dict)
+    prewake_gpu_s: float = 0.0  # GPU-seconds of restores started ahead of their calls
+    keyed: dict[str, KeyedProvider] = field(default_factory=dict)  # APIs with keys: their providers
 
 
 class Engine:
@@ -100,11 +103,15 @@ class Engine:
         self.trajs: list[Traj] = []
         self.acts: dict[str, tuple[Traj, ActionPlan, ActRecord]] = {}
         self.records: list[ActRecord] = []
-        self.cluster = ClusterModel(self.spec, self._truth)
+        self.cluster = ClusterModel(self.spec, self._truth, self._model_gb)
         self.members = {m: g for g in workload.all_services() for m in g.members()}
         self.static_gpus = 0
         self.core = make_core(policy, seed, self._layout() if policy.static else None)
-        self.providers = {a.name: ApiProvider(a.mode, a.limit, a.period_s) for a in workload.all_apis()}
+        self.providers: dict[str, ApiProvider | KeyedProvider] = {
+            a.name: KeyedProvider(a.keys) if a.keys else ApiProvider(a.mode, a.limit, a.period_s)
+            for a in workload.all_apis()
+        }
+        self.cluster.providers = {n: p for n, p in self.providers.items() if isinstance(p, KeyedProvider)}
         self.retry_rng = Random(f"{seed}:retry")
         self._elastic: dict[float, Elasticity] = {}
         self._ticks: set[float] = set()
@@ -137,7 +144,7 @@ class Engine:
             _, mem, load = min(per_size)  # the defaults: the smallest chunk
             self._feed(ev.ServiceDefined(name, mem, g.chunk_sizes, load, per_size=per_size))
         for a in self.workload.all_apis():
-            self._feed(ev.ApiDefined(a.name, a.mode, a.limit, a.period_s))
+            self._feed(ev.ApiDefined(a.name, a.mode, a.limit, a.period_s, a.keys))
 
     # -- the loop --------------------------------------------------------------------------
     def push(self, t: float, code: int, item: Any) -> None:
@@ -173,6 +180,8 @@ class Engine:
                 self._start_step(item)
         counters = dict(getattr(self.core, "inner", self.core).counters)
         counters["restores"] = self.cluster.restores
+        counters["prewakes"] = self.cluster.prewakes
+        counters["api_429"] = sum(p.refused for p in self.providers.values())
         return SimResult(
             self.workload.name,
             self.policy.name,
@@ -190,6 +199,8 @@ class Engine:
             time.perf_counter() - wall,
             self.decide_s,
             counters,
+            self.cluster.prewake_gpu_s,
+            dict(self.cluster.providers),
         )
 
     def _more_now(self, t: float) -> bool:
@@ -247,7 +258,7 @@ class Engine:
         now = self.clock.now()
         plan = tr.plan.actions[tr.idx]
         aid = f"{tr.plan.tid}/{tr.idx}" + (f".{tr.again}" if tr.again else "")
-        rec = ActRecord(aid, tr.plan.task, plan.category, plan.kind, now)
+        rec = ActRecord(aid, tr.plan.task, plan.category, plan.kind, now, api=plan.api)
         self.records.append(rec)
         self.acts[aid] = (tr, plan, rec)
         if plan.kind == "api" and self.policy.api_direct:
@@ -295,19 +306,25 @@ class Engine:
             )
         res = api_resource(p.api)
         return ActionSpec(
-            aid, Kind.LEASE, ((res, Demand.fixed(1)),), res, p.action_type, tid, task, tid, api=p.api
+            aid, Kind.LEASE, ((res, Demand.fixed(1)),), res, p.action_type, tid, task, tid, api=p.api,
+            tokens=p.tokens,
         )
 
     def _truth(self, aid: str) -> Truth:
         _, p, _ = self.acts[aid]
         g = self.members.get(p.service)
-        return Truth(p.t_ori, self._elasticity(p.serial), g.model_gb if g is not None else 0.0)
+        gb = g.model_gb if g is not None else 0.0
+        return Truth(p.t_ori, self._elasticity(p.serial), gb, p.tokens, p.api)
+
+    def _model_gb(self, service: str) -> float:
+        g = self.members.get(service)
+        return g.model_gb if g is not None else 0.0
 
     def _attempt(self, aid: str, n: int) -> None:
         now = self.clock.now()
         _, plan, rec = self.acts[aid]
         rec.attempts = n
-        if self.providers[plan.api].try_call(now):
+        if self.providers[plan.api].try_call(now, plan.tokens, now + plan.t_ori):
             rec.start = now
             self.push(now + plan.t_ori, API_DONE, aid)
             return
@@ -326,6 +343,11 @@ class Engine:
             rec.start = run.start
         elif rec.start < 0:
             rec.start = now
+        if not ok and plan.kind == "api" and aid in self.cluster.limited:
+            # a 429 on a leased key: the rollout code reported it; it leases again at once
+            tr.again += 1
+            self.push(now, WAKE, tr)
+            return
         if not ok and plan.kind == "api" and self.policy.api_direct and tr.again < self.policy.retry.reissues:
             # the tool returned an API error: the agent generates again and re-issues the call
             tr.again += 1

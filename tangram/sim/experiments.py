@@ -1,9 +1,13 @@
 """The paper's experiments (§6) as runs of the simulator. Each returns a JSON-ready dict:
 ``{"experiment", "rows": [...], "paper": {...}, "ours": {...}}`` where ``rows`` has one
-entry per (configuration, policy) with the metrics of ``metrics.summarize``."""
+entry per (configuration, policy) with the metrics of ``metrics.summarize``.
+
+``TANGRAM_SIM_PREWAKE=0`` in the environment runs every ``tangram`` policy of the experiments
+without GPU pre-wake (``+no-prewake``): the figures from before pre-wake existed."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -44,13 +48,21 @@ def run_one(
 ) -> dict[str, Any]:
     r = simulate(
         workloads.load(workload),
-        parse_policy(policy),
+        parse_policy(_prewake(policy)),
         spec=spec,
         batch=batch,
         seed=seed,
         progress=on_progress,
     )
     return summarize(r)
+
+
+def _prewake(policy: str) -> str:
+    """``policy`` as the experiments run it (``TANGRAM_SIM_PREWAKE=0``: Tangram without pre-wake)."""
+    parts = policy.split("+")
+    if os.environ.get("TANGRAM_SIM_PREWAKE", "1") == "0" and parts[0].split(":")[0] == "tangram":
+        return policy if "no-prewake" in parts else policy + "+no-prewake"
+    return policy
 
 
 def _ratio(a: float, b: float) -> float | None:

@@ -15,14 +15,24 @@ Definitions (docs/simulator.md):
 * ``exec_api_wait_s`` / ``exec_api_wait_p99_s`` (k8s): mean / p99 time an action's exec
   request waited in the API-server queue (part of its queueing); 0 for other policies.
 * GPU: ``gpu_busy_s`` = GPUs x (restore + run); held = the same, or the static deployment's
-  GPUs x rollout time; ``restore_share`` = restore time / GPU busy time.
+  GPUs x rollout time; ``restore_share`` = restore time on the calls' paths (GPU-weighted) /
+  GPU busy time. A restore started ahead of its call (pre-wake) is on a call's path only for
+  what is left of it when the call starts; ``prewake_gpu_s`` is the GPU-seconds of those
+  restores, ``prewakes`` their number; ``gpu_act_s`` is the mean ACT of GPU calls.
+* APIs with keys (``keyed_throughput``): ``api_429`` = calls a provider answered HTTP 429
+  (they reach rollout code); per keyed API, over the minutes (from its first call) in which
+  a call of it waited the whole minute, the requests and tokens served per minute against
+  the sum of its keys' RPM and TPM limits; ``share_of_limit`` is the larger of the two
+  shares (the binding limit's).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tangram.sim.engine import SimResult
+from tangram.sim.engine import ActRecord, SimResult
+
+MINUTE = 60.0
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -78,6 +88,13 @@ def summarize(r: SimResult) -> dict[str, Any]:
     out["exec_api_wait_s"] = _mean(waits)
     out["exec_api_wait_p99_s"] = _pct(waits, 0.99)
     out.update(_resources(r, rollout))
+    out["gpu_act_s"] = _mean([a for a, x in zip(acts, r.records, strict=True) if x.kind == "call"])
+    out["prewakes"] = r.counters.get("prewakes", 0)
+    out["prewake_gpu_s"] = r.prewake_gpu_s
+    out["api_429"] = r.counters.get("api_429", 0)
+    out["keyed"] = keyed_throughput(r)
+    shares = [v["share_of_limit"] for v in out["keyed"].values() if v["minutes"]]
+    out["keyed_share"] = min(shares) if shares else None  # None: no keyed API waited a whole minute
     d = list(r.decide_s)
     out.update(
         {
@@ -127,3 +144,44 @@ def _resources(r: SimResult, rollout: float) -> dict[str, Any]:
         "gpus": gpus,
         "cores": cores,
     }
+
+
+def keyed_throughput(r: SimResult) -> dict[str, dict[str, Any]]:
+    """Per API with keys: served requests and tokens per saturated minute vs its keys' limits."""
+    out: dict[str, dict[str, Any]] = {}
+    for api, prov in sorted(r.keyed.items()):
+        keys = list(prov.keys.values())
+        rpm_lim = sum(k.rpm for k in keys) if all(k.rpm > 0 for k in keys) else 0
+        tpm_lim = sum(k.tpm for k in keys) if all(k.tpm > 0 for k in keys) else 0
+        minutes = _saturated_minutes([x for x in r.records if x.api == api], prov.served)
+        reqs = [sum(1 for t, _ in prov.served if a <= t < a + MINUTE) for a in minutes]
+        toks = [sum(n for t, n in prov.served if a <= t < a + MINUTE) for a in minutes]
+        rpm, tpm = _mean(reqs), _mean(toks)
+        share = max(rpm / rpm_lim if rpm_lim else 0.0, tpm / tpm_lim if tpm_lim else 0.0)
+        out[api] = {"minutes": len(minutes), "rpm": rpm, "rpm_limit": rpm_lim, "tpm": tpm,
+                    "tpm_limit": tpm_lim, "share_of_limit": share}
+    return out
+
+
+def _saturated_minutes(recs: list[ActRecord], served: list[tuple[float, int]]) -> list[float]:
+    """Starts of the whole minutes, counted from the first served call, during all of which
+    some call of the API waited (submitted, not yet started)."""
+    if not served:
+        return []
+    waits = sorted((x.submit, x.start if x.start >= 0 else x.end) for x in recs)
+    covered: list[tuple[float, float]] = []
+    for a, b in waits:
+        if b <= a:
+            continue
+        if covered and a <= covered[-1][1]:
+            covered[-1] = (covered[-1][0], max(covered[-1][1], b))
+        else:
+            covered.append((a, b))
+    first, last = served[0][0], served[-1][0]
+    out: list[float] = []
+    m = first
+    while m + MINUTE <= last:
+        if any(a <= m and m + MINUTE <= b for a, b in covered):
+            out.append(m)
+        m += MINUTE
+    return out

@@ -12,10 +12,12 @@ YAML schema (every value is documented in the files themselves)::
     name, description, train_s, sandbox_mem_gib, pod_cores, noise_sigma
     turns: DIST                 # tool turns per trajectory
     think_s: DIST               # generation before each action
-    tools: [{name, weight, kind: exec|api|call, t_ori_s: DIST, cores: [lo, hi] | api | service ...}]
+    tools: [{name, weight, kind: exec|api|call, t_ori_s: DIST, cores: [lo, hi] | api | service ...,
+             tokens: DIST (api: what the provider charges a call, for keys with a TPM limit)}]
     reward: {same fields as a tool}
     services: [{name, count, pick: zipf|uniform, zipf_s, model_gb, chunk_sizes, serial_fraction, static_gpus}]
-    apis: [{name, mode: quota|concurrency, limit, period_s}]
+    apis: [{name, mode: quota|concurrency, limit, period_s,
+            keys: [{name, rpm, tpm, concurrency}]}]  # a key pool (limit 0: only the keys' limits)
     cluster: {gpu_nodes: [..]}  # optional override of the cluster spec
     mix: [{workload, share}]    # a composite workload (mopd+search)
 
@@ -34,10 +36,11 @@ from typing import Any
 
 import yaml
 
+from tangram.core.managers.keys import ApiKey
 from tangram.errors import ConfigError
 
-NAMES = ("coding", "deepsearch", "mopd", "mopd+search")
-_FILES = {"mopd+search": "mopd_search"}
+NAMES = ("coding", "deepsearch", "deepsearch-keys", "mopd", "mopd+search")
+_FILES = {"mopd+search": "mopd_search", "deepsearch-keys": "deepsearch_keys"}
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class ActionKind:
     api: str = ""
     service: str = ""  # a service group name
     gpus: tuple[int, ...] = (1,)
+    tokens: Dist | None = None  # api: tokens the provider charges a call (None: none)
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,7 @@ class ApiSpec:
     mode: str
     limit: int
     period_s: float = 60.0
+    keys: tuple[ApiKey, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,7 @@ class ActionPlan:
     service: str = ""
     api: str = ""
     profile: float | None = None  # what profiling says T_ori is (the draw before run noise)
+    tokens: int = 0  # api: what the provider charges the call (the lease declares it)
 
 
 @dataclass(slots=True)
@@ -218,6 +224,14 @@ def _action(d: dict[str, Any], where: str) -> ActionKind:
         api=str(d.get("api", "")),
         service=str(d.get("service", "")),
         gpus=tuple(int(g) for g in d.get("gpus", [1])),
+        tokens=parse_dist(d["tokens"], f"{where}.tokens") if d.get("tokens") is not None else None,
+    )
+
+
+def _keys(raw: Any) -> tuple[ApiKey, ...]:
+    return tuple(
+        ApiKey(str(k["name"]), int(k.get("rpm", 0)), int(k.get("tpm", 0)), int(k.get("concurrency", 0)))
+        for k in raw
     )
 
 
@@ -245,7 +259,13 @@ def from_dict(doc: dict[str, Any], where: str = "workload") -> Workload:
         for s in doc.get("services") or []
     )
     apis = tuple(
-        ApiSpec(str(a["name"]), str(a["mode"]), int(a["limit"]), float(a.get("period_s", 60.0)))
+        ApiSpec(
+            str(a["name"]),
+            str(a.get("mode", "concurrency")),
+            int(a.get("limit", 0)),
+            float(a.get("period_s", 60.0)),
+            _keys(a.get("keys") or ()),
+        )
         for a in doc.get("apis") or []
     )
     tools = tuple(_action(t, f"{where}.tools[{i}]") for i, t in enumerate(doc.get("tools") or []))
@@ -314,6 +334,7 @@ def _plan_action(
     sg = next((s for s in w.services if s.name == a.service), None)
     serial = a.serial_fraction if a.serial_fraction is not None else (sg.serial_fraction if sg else None)
     gpus = sg.chunk_sizes if sg is not None else a.gpus
+    tokens = max(1, round(a.tokens.draw(rng))) if a.tokens is not None else 0  # drawn last: others unchanged
     return ActionPlan(
         think,
         a.kind,
@@ -328,6 +349,7 @@ def _plan_action(
         service,
         a.api,
         base if a.profiled else None,
+        tokens,
     )
 
 

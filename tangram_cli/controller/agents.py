@@ -25,7 +25,6 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -38,73 +37,13 @@ from tangram.errors import NodeLost, ProtocolError, SandboxLost
 from tangram.outcomes import ExecOutcome
 from tangram_cli.controller.agent_gpu import GpuCommands
 from tangram_cli.controller.config import ControllerConfig
+from tangram_cli.controller.facts import Agent, Reply, node_event
 from tangram_cli.controller.state import ActionRecord, Outcome, Registry, encode_to
-from tangram_cli.controller.wire import send_now, serve, shadow
+from tangram_cli.controller.wire import Batcher, send_now, serve, shadow
 
 log = logging.getLogger("tangram.controller.agents")
 
 Post = Callable[..., None]
-Reply = Callable[[protocol.Envelope | BaseException], None]  # an agent's reply, or NodeLost
-
-
-@dataclass
-class Agent:
-    name: str
-    ident: bytes
-    facts: dict[str, Any]
-    agent_epoch: int
-    joined: float = 0.0  # controller clock
-    last_seen: float = 0.0
-    last_sent: float = 0.0
-    state: str = "up"  # up | lost | down (said Bye)
-    reason: str = ""
-    load: dict[str, Any] = field(default_factory=dict)
-    pending: dict[int, tuple[str, Reply]] = field(default_factory=dict)  # request id -> (kind, on_reply)
-    gpu_tail: asyncio.Future[None] | None = None
-    restarts: int = 0
-
-    @property
-    def live(self) -> bool:
-        return self.state == "up"
-
-
-def _ints(value: object, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 16 for v in value
-    ):
-        raise ValueError(f"facts.{where} must be a list of core numbers")
-    if len(set(value)) != len(value):
-        raise ValueError(f"facts.{where} repeats a core")
-    return tuple(value)
-
-
-def node_event(name: str, facts: dict[str, Any]) -> ev.NodeJoined:
-    """The core's NodeJoined for an agent's facts; raises ValueError naming a bad fact."""
-    cpus = _ints(facts.get("cpus", []), "cpus")
-    numa_raw = facts.get("numa") or []
-    if not isinstance(numa_raw, list):
-        raise ValueError("facts.numa must be a list of core lists")
-    numa = tuple(tuple(c for c in _ints(d, "numa[]") if c in cpus) for d in numa_raw)
-    numa = tuple(d for d in numa if d)
-    covered = {c for d in numa for c in d}
-    if set(cpus) - covered:
-        numa = (*numa, tuple(sorted(set(cpus) - covered)))
-    ints = {}
-    for key in ("mem_mib", "gpus", "gpu_mem_mib"):
-        v = facts.get(key, 0)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"facts.{key} must be an integer >= 0")
-        ints[key] = v
-    if ints["gpus"] > 64:
-        raise ValueError("facts.gpus above 64")
-    return ev.NodeJoined(
-        name,
-        cpus=cpus,
-        numa=numa,
-        mem_mib=ints["mem_mib"],
-        gpus=ints["gpus"],
-        gpu_mem_mib=ints["gpu_mem_mib"],
-    )
 
 
 class AgentLink(GpuCommands):
@@ -143,6 +82,8 @@ class AgentLink(GpuCommands):
         self.peer_check: Callable[[bytes, str], bool] | None = None
         self._impostors_logged: set[tuple[bytes, str]] = set()
         self._asked: dict[bytes, float] = {}  # unknown agent identity -> when it was told to say Hello
+        # what one driver batch sends an agent goes in one message (`wire.Batcher`)
+        self.batcher = Batcher(sock, self._batches_to, self._undelivered)
         # (node, the sandboxes its Hello lists): adoption after a controller restart (recovery.py)
         self.on_hello: Callable[[str, set[str]], None] | None = None
         # node: every action its Hello listed is now stopped (recovery answers what ran there)
@@ -167,12 +108,31 @@ class AgentLink(GpuCommands):
         self, agent: Agent, msg: protocol.Message, rid: int = 0, blobs: tuple[bytes, ...] | list[bytes] = ()
     ) -> bool:
         if isinstance(msg, protocol.Spawn):  # built from a decoded Exec: checked already
-            frames = [agent.ident, *protocol.encode_trusted(msg, rid, blobs)]
+            frames = protocol.encode_trusted(msg, rid, blobs)
         else:
-            frames = encode_to(agent.ident, msg, rid, blobs)
-        ok = send_now(self.sock, frames)
+            frames = encode_to(agent.ident, msg, rid, blobs)[1:]
+        ok = self.batcher.send(agent.ident, frames)
         agent.last_sent = self.clock.now()
         return ok
+
+    def _agent_of(self, ident: bytes) -> Agent | None:
+        name = self.by_ident.get(ident)
+        return self.agents.get(name) if name is not None else None
+
+    def _batches_to(self, ident: bytes) -> bool:
+        agent = self._agent_of(ident)
+        return agent is not None and agent.batches and agent.live
+
+    def _undelivered(self, ident: bytes, frames: list[bytes]) -> None:
+        """A held message the agent's socket did not take: its request fails as an unsent one."""
+        lost = NodeLost(f"node {self.by_ident.get(ident)}: message could not be delivered")
+        self._fail_pending(ident, int.from_bytes(frames[2][:8], "big"), lost)
+
+    def _fail_pending(self, ident: bytes, rid: int, exc: BaseException) -> None:
+        agent = self._agent_of(ident)
+        entry = agent.pending.pop(rid, None) if agent is not None else None
+        if entry is not None:
+            entry[1](exc)
 
     def request(
         self, node: str, msg: protocol.Message, blobs: tuple[bytes, ...] | list[bytes] = ()
@@ -215,13 +175,13 @@ class AgentLink(GpuCommands):
         else:
             await serve(self.sock, self._on_checked, copy=False)
 
-    def _on_checked(self, raw: list[Any]) -> None:
+    def _on_checked(self, raw: list[Any]) -> int:
         frames = [f.bytes for f in raw]
         user = raw[-1].get("User-Id") if len(raw) > 1 else ""
         if not self.peer_check(frames[0], user):  # type: ignore[misc]
             self._impostor(frames[0], user)
-            return
-        self._on_frames(frames)
+            return 1
+        return self._on_frames(frames)
 
     def _impostor(self, ident: bytes, user: str) -> None:
         """A message whose CURVE key is not the key of the node it claims to be: dropped."""
@@ -234,24 +194,38 @@ class AgentLink(GpuCommands):
                 ident.decode(errors="replace"),
             )
 
-    def _on_frames(self, frames: list[bytes]) -> None:
+    def _on_frames(self, frames: list[bytes]) -> int:
+        """One message from an agent (a batch: each item); returns how many messages it carried."""
         if len(frames) < 2:
             self.counters["bad_frames"] += 1
-            return
+            return 1
         ident = frames[0]
         try:
-            env = protocol.decode(frames[1:])
+            envs = protocol.decode_all(frames[1:])
         except ProtocolError as exc:
             self.counters["bad_frames"] += 1
             log.warning("bad frames from agent %r: %s", ident[:64], exc)
             send_now(self.sock, encode_to(ident, protocol.Error.from_exception(exc), 0))
-            return
+            return 1
+        for env in envs:  # one, or the items of a batch
+            if isinstance(env, protocol.BadItem):
+                self._bad_item(ident, env)
+            else:
+                self._on_envelope(ident, env)
+        return len(envs)
+
+    def _bad_item(self, ident: bytes, item: protocol.BadItem) -> None:
+        """An item of an agent's batch that does not decode: its request fails with the reason."""
+        self.counters["bad_frames"] += 1
+        log.warning("bad message from agent %r (request %d): %s", ident[:64], item.request_id, item.error)
+        self._fail_pending(ident, item.request_id, item.error)
+
+    def _on_envelope(self, ident: bytes, env: protocol.Envelope) -> None:
         msg = env.msg
         if isinstance(msg, protocol.Hello):
             self._on_hello(ident, env.request_id, msg)
             return
-        name = self.by_ident.get(ident)
-        agent = self.agents.get(name) if name is not None else None
+        agent = self._agent_of(ident)
         if agent is None or agent.ident != ident or not agent.live:
             if isinstance(msg, protocol.Heartbeat):
                 self._ask_hello(ident)
@@ -327,6 +301,7 @@ class AgentLink(GpuCommands):
             last_seen=self.clock.now(),
             last_sent=self.clock.now(),
             restarts=old.restarts if old is not None else 0,
+            batches=hello.minor >= protocol.BATCH_MINOR,
         )
         if old is not None and old.ident != ident:
             self.by_ident.pop(old.ident, None)
@@ -347,6 +322,11 @@ class AgentLink(GpuCommands):
             joined.gpus,
         )
         self.post(joined)
+        self._after_hello(hello, joined)
+
+    def _after_hello(self, hello: protocol.Hello, joined: ev.NodeJoined) -> None:
+        """A node's session started: adopt or destroy the sandboxes and actions its Hello lists,
+        and load the configured services onto its GPUs."""
         if self.on_hello is not None:
             self.on_hello(hello.name, set(hello.sandboxes))
         self._kill_leftovers(hello.name, hello.actions)

@@ -19,6 +19,7 @@ from tangram import protocol
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.outcomes import CallOutcome, ExecOutcome
+from tangram_cli.controller.api_keys import lease_fields
 from tangram_cli.controller.state import ActionRecord, Registry
 
 KILL_CODES = {"timeout": "TIMEOUT"}
@@ -28,6 +29,7 @@ class Answers:
     """Mixed into `Gateway` (which provides the attributes below)."""
 
     clock: Any
+    config: Any
     registry: Registry
     post: Callable[..., None]
     final: Callable[..., None]
@@ -49,6 +51,7 @@ class Answers:
                     "units": rec.units,
                     "expires_in_s": round(max(0.0, rec.deadline - self.clock.now()), 3),
                     "queued_s": round(rec.started - rec.submitted, 6),
+                    **lease_fields(self.config, c),  # an API key pool's key: its secret goes only here
                 }
             ),
         )

@@ -9,7 +9,9 @@ The file is what `tangram up` writes after resolving an inventory; every key is 
      "services": [{"name": "reward", "runtime": "emulated", "model": "agent.gpu.demo_services:reward",
                    "gpu_mem_mib": 16384, "chunk_sizes": [1, 2], "load_s": 2.0, "t_ori": 0.2,
                    "host_mem_mib": 16384}],
-     "apis": [{"name": "search", "mode": "concurrency", "limit": 16, "period_s": 60}],
+     "apis": [{"name": "search", "mode": "concurrency", "limit": 16, "period_s": 60},
+              {"name": "llm", "keys": [{"name": "k0", "key_env": "LLM_KEY_0", "rpm": 500, "tpm": 400000,
+                                        "concurrency": 64}, {"key_env": "LLM_KEY_1", "rpm": 300}]}],
      "profiles": {"pytest": {"efficiency": {"1": 1.0, "2": 0.97}}, "synthetic": {"serial_fraction": 0.05}},
      "certs": "~/.tangram/clusters/local/certs",
      "metrics_port": 9464, "metrics_clients": 20}
@@ -22,6 +24,11 @@ The file is what `tangram up` writes after resolving an inventory; every key is 
 Services become `ServiceDefined` events and `Prepare` messages to GPU agents (the Prepare
 `spec` is the service mapping's `PREPARE_KEYS`; scheduling keys stay on the controller); APIs
 become `ApiDefined` events; profiles name elasticity tables that `exec(elastic="pytest")` uses.
+An API may list `keys` (a key pool, docs/operations.md "API key pools"): each names the
+environment variable that holds its secret (`key_env`, read on the controller when a lease is
+granted; a secret written into the config is refused) and its limits (`rpm`, `tpm`,
+`concurrency`; 0 or absent: none); `name` defaults to `k<index>`. With keys, `limit` defaults
+to 0: no API-wide limit.
 """
 
 from __future__ import annotations
@@ -58,11 +65,23 @@ class ServiceConf:
 
 
 @dataclass(frozen=True)
+class ApiKeyConf:
+    """One key of an API: its name, the environment variable with its secret, its limits."""
+
+    name: str
+    key_env: str
+    rpm: int = 0
+    tpm: int = 0
+    concurrency: int = 0
+
+
+@dataclass(frozen=True)
 class ApiConf:
     name: str
     mode: str
     limit: int
     period_s: float = 60.0
+    keys: tuple[ApiKeyConf, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -137,15 +156,48 @@ def _apis(raw: Any) -> list[ApiConf]:
         mode = a.get("mode", "concurrency")
         if mode not in ("concurrency", "quota"):
             raise ConfigError(f"{where}.mode: expected concurrency or quota, got {mode!r}")
+        keys = _keys(a.get("keys") or (), f"{where}.keys")
         apis.append(
             ApiConf(
                 a["name"],
                 mode,
-                _int(a.get("limit", 1), f"{where}.limit", 1),
+                _int(a.get("limit", 0 if keys else 1), f"{where}.limit", 0 if keys else 1),
                 _num(a.get("period_s", 60.0), f"{where}.period_s"),
+                keys,
             )
         )
     return apis
+
+
+_KEY_FIELDS = ("name", "key_env", "rpm", "tpm", "concurrency")
+
+
+def _keys(raw: Any, where: str) -> tuple[ApiKeyConf, ...]:
+    """An API's key pool. Secrets never appear here: only the variables that hold them."""
+    if not isinstance(raw, (list, tuple)):
+        raise ConfigError(f"{where}: expected a list of keys")
+    keys: list[ApiKeyConf] = []
+    for i, k in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(k, dict):
+            raise ConfigError(f"{at}: expected a mapping with `key_env`")
+        if "key" in k or "secret" in k:
+            raise ConfigError(
+                f"{at}: a key's secret may not be written in the config; name its variable in `key_env`"
+            )
+        unknown = sorted(set(k) - set(_KEY_FIELDS))
+        if unknown:
+            raise ConfigError(f"{at}: unknown field {unknown[0]!r} (known: {', '.join(_KEY_FIELDS)})")
+        env, name = k.get("key_env"), k.get("name", f"k{i}")
+        if not isinstance(env, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env):
+            raise ConfigError(f"{at}.key_env: expected the name of an environment variable, got {env!r}")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+            raise ConfigError(f"{at}.name: expected 1-64 of A-Z a-z 0-9 _ . -, got {name!r}")
+        if any(x.name == name for x in keys):
+            raise ConfigError(f"{at}.name: {name!r} names two keys")
+        limits = (_int(k.get(f, 0), f"{at}.{f}") for f in ("rpm", "tpm", "concurrency"))
+        keys.append(ApiKeyConf(name, env, *limits))
+    return tuple(keys)
 
 
 def parse_config(raw: dict[str, Any]) -> ControllerConfig:

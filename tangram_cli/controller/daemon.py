@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from tangram.core import events as ev
 from tangram.core.scheduler import CoreConfig, Scheduler
 from tangram.errors import ConfigError
 from tangram_cli.controller.agents import AgentLink, new_epoch
+from tangram_cli.controller.api_keys import core_keys
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.curve import ServerAuth
 from tangram_cli.controller.driver import Collector, Driver, WallClock, open_journal
@@ -126,13 +128,14 @@ class Controller:
             restore_grace(self.config),
         )
         self.agents.on_hello = self.recovery.on_hello
+        self.driver.holding = self._holding
         self.agents.on_cleared = self.recovery.on_cleared
         for svc in self.config.services:
             self.driver.step(
                 ev.ServiceDefined(svc.name, svc.gpu_mem_mib, svc.chunk_sizes, svc.load_s, svc.t_ori)
             )
         for api in self.config.apis:
-            self.driver.step(ev.ApiDefined(api.name, api.mode, api.limit, api.period_s))
+            self.driver.step(ev.ApiDefined(api.name, api.mode, api.limit, api.period_s, core_keys(api)))
         self.recovery.restore(self.driver.step)
 
     def _open_sockets(self) -> None:
@@ -239,6 +242,13 @@ class Controller:
         return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
     # ------------------------------------------------------------ dispatch (driver task only)
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        """Around each driver batch: the finals it gives each client and what it sends each agent
+        go as one message per peer at the end (`wire.Batcher`); the agents' first."""
+        with self.gateway.batcher.holding(), self.agents.batcher.holding():
+            yield
+
     def dispatch(self, event: ev.Event, commands: list[cmd.Command]) -> None:
         self.recovery.record(event, commands)  # durable before anything is sent
         loads: dict[tuple[str, str, int], asyncio.Future[None]] = {}
@@ -347,10 +357,11 @@ class Controller:
             task.add_done_callback(self._task_done)
 
     async def _housekeeping(self) -> None:
-        """Once a second: fsync the state file if it changed; lose restored sandboxes no agent
-        adopted within the grace."""
+        """Twice a second: heartbeat the clients that wait (`Sessions.beat_waiting`), fsync the
+        state file if it changed, lose restored sandboxes no agent adopted within the grace."""
         while True:
             await asyncio.sleep(0.5)
+            self.gateway.beat_waiting()
             self.gateway.ledger.sync()
             self.recovery.expire()
 

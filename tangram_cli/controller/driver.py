@@ -177,6 +177,9 @@ class Driver:
         self.collector: Collector | None = None  # set by the process entry (run_controller)
         # the last decisions over SLOW_DECISION_S, as (ms, event type, commands), for status
         self.slow: collections.deque[tuple[float, str, int]] = collections.deque(maxlen=8)
+        # around each batch: the controller holds its sends there, so what one batch decides goes
+        # out as one message per peer (`wire.Batcher`); none by default (tests, start-up)
+        self.holding: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
 
     def _flush(self) -> None:
         try:
@@ -205,6 +208,10 @@ class Driver:
         applied; the decision's go with the last event, as the simulator journals a batch of
         one instant. The `after` callbacks run once everything is dispatched, so an `Accepted`
         goes only to requests still queued after the decision. Returns each event's commands."""
+        with self.holding():
+            return self._batch(items)
+
+    def _batch(self, items: list[tuple[ev.Event, After | None]]) -> list[list[Command]]:
         now = self.clock.now()
         done: list[list[Command]] = []
         failed: list[After | None] = []

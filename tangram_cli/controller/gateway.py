@@ -58,11 +58,12 @@ from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, Kind
 from tangram.core.resources import CPU, GPU, Demand, api_resource
-from tangram.errors import BadRequest, InternalError, NodeLost, ProtocolError, SandboxLost, TangramError
+from tangram.errors import BadRequest, InternalError, ProtocolError, SandboxLost, TangramError
 from tangram_cli.controller.admission import elasticity_of, open_refusal, profile_named
 from tangram_cli.controller.agents import AgentLink
 from tangram_cli.controller.answers import KILL_CODES, Answers
 from tangram_cli.controller.config import ControllerConfig
+from tangram_cli.controller.files import MAX_PENDING_PUT_BYTES, FileRequests
 from tangram_cli.controller.holds import Holds
 from tangram_cli.controller.ledger import Ledger
 from tangram_cli.controller.presence import Presence
@@ -75,17 +76,23 @@ from tangram_cli.controller.replies import (
     Replies,
 )
 from tangram_cli.controller.resumed import Resumed
-from tangram_cli.controller.sessions import _SRCFD, Sessions, SubmitWire, client_key, client_tag
+from tangram_cli.controller.sessions import (
+    _SRCFD,
+    BEAT_S,
+    Sessions,
+    SubmitWire,
+    client_key,
+    client_tag,
+    hello_problem,
+)
 from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord
 from tangram_cli.controller.wire import serve, shadow
 
 log = logging.getLogger("tangram.controller.gateway")
 
-MAX_PENDING_PUT_BYTES = 64 << 20
-BEAT_S = 1.0  # at most this long between heartbeats to a client whose requests are being read
 
 
-class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
+class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers, FileRequests):
     """The submit socket's server; replies (cache, outbox, caps), sessions, held bytes and core
     verdicts are mixed in."""
 
@@ -158,38 +165,65 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
     async def run(self) -> None:
         await serve(self.wire, self._on_message)
 
-    def _on_message(self, raw: list[Any]) -> None:
+    def _on_message(self, raw: list[Any]) -> int:
+        """Handle one message (a batch: each item); returns how many messages that was."""
         first = raw[0]  # a zmq.Frame (SubmitWire): the connection it came over, and its CURVE key
         frames = [first.bytes, *raw[1:]]
         try:
-            self._on_frames(frames, first)
+            return self._on_frames(frames, first)
         except Exception:
             log.exception("request handling failed")
             if len(frames) >= 4 and len(frames[3]) >= 8:  # answered, not cached: it may not be the session's
                 rid = int.from_bytes(frames[3][:8], "big") & ((1 << 63) - 1)
                 self._send(frames[0], protocol.Error.from_exception(InternalError("controller error")), rid)
+        return 1
 
-    def _on_frames(self, frames: list[bytes], head: Any) -> None:
-        """One message: ``frames`` as bytes, ``head`` its identity frame as a `zmq.Frame`."""
+    def _on_frames(self, frames: list[bytes], head: Any) -> int:
+        """One message (a batch: each of its items): ``frames`` as bytes, ``head`` its identity
+        frame as a `zmq.Frame`. Returns how many messages it carried."""
         if len(frames) < 2:
-            return
+            return 1
         ident = frames[0]
         try:
-            env = protocol.decode(frames[1:])
+            envs = protocol.decode_all(frames[1:])
         except ProtocolError as exc:  # answered to whoever sent it; no session is touched
-            self.counters["bad_requests"] += 1
             rid = 0
             if len(frames) >= 4 and len(frames[3]) >= 8:
                 rid = int.from_bytes(frames[3][:8], "big") & ((1 << 63) - 1)
-            log.info("bad request from %s: %s", self._tag(ident), exc)
-            self._send(ident, protocol.Error.from_exception(exc), rid)
-            return
+            self._bad(ident, rid, exc)
+            return 1
+        user = head.get("User-Id") if self.curve_on else ""  # a property of the whole message
+        try:
+            fd = head.get(_SRCFD)  # deprecated in libzmq 4.x, still there in 4.3
+        except zmq.ZMQError:  # a libzmq without it: replies follow the identity's route as before
+            fd = 0
+        if len(envs) == 1 and isinstance(envs[0], protocol.Envelope):
+            self._on_envelope(ident, envs[0], user, fd)  # errors: _on_message answers them
+            return 1
+        with self.batcher.holding():  # what it answers at once (errors, resent requests) goes in one
+            for env in envs:  # a batch: one item's failure is that item's answer, the others go on
+                if isinstance(env, protocol.BadItem):
+                    self._bad(ident, env.request_id, env.error)
+                    continue
+                try:
+                    self._on_envelope(ident, env, user, fd)
+                except Exception:
+                    log.exception("request handling failed")
+                    error = protocol.Error.from_exception(InternalError("controller error"))
+                    self._send(ident, error, env.request_id)
+        return len(envs)
+
+    def _bad(self, ident: bytes, rid: int, exc: ProtocolError) -> None:
+        self.counters["bad_requests"] += 1
+        log.info("bad request from %s: %s", self._tag(ident), exc)
+        self._send(ident, protocol.Error.from_exception(exc), rid)
+
+    def _on_envelope(self, ident: bytes, env: protocol.Envelope, user: str, fd: int) -> None:
         msg, rid = env.msg, env.request_id
-        if isinstance(msg, protocol.Hello) and (problem := self._hello_problem(msg)) is not None:
+        if isinstance(msg, protocol.Hello) and (problem := hello_problem(msg)) is not None:
             self._send(ident, protocol.Reject(problem), rid)
             return
         client = self.clients.get(ident)
-        user = head.get("User-Id") if self.curve_on else ""  # a property of the whole message
         if (
             client is None
             or client.token is None
@@ -201,10 +235,6 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
                 return
         elif client.alias:  # its client has the new token now
             client.alias = b""
-        try:
-            fd = head.get(_SRCFD)  # deprecated in libzmq 4.x, still there in 4.3
-        except zmq.ZMQError:  # a libzmq without it: replies follow the identity's route as before
-            fd = 0
         if fd != client.route:  # its own frame over another connection: replies go there now
             self._attach(client, fd)
         if self._session_traffic(client, msg, rid):
@@ -241,6 +271,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
             self._send(ident, protocol.Heartbeat(), 0)
         if isinstance(msg, protocol.Hello):
             client.name, client.welcomed = msg.name, True
+            client.batches = msg.minor >= protocol.BATCH_MINOR
             client.owner = self._owner(client.user, msg.name)
             self._send(ident, self._welcome(client), rid)
             return True
@@ -248,19 +279,6 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
             self._client_gone(client, "said bye")
             return True
         return beat or isinstance(msg, (protocol.Ack, protocol.Accepted, protocol.Result, protocol.Error))
-
-    @staticmethod
-    def _hello_problem(msg: protocol.Hello) -> str | None:
-        problem = protocol.version_problem(msg)
-        if problem is None and msg.role != "client":
-            problem = f"role {msg.role!r} on the submit socket"
-        if problem is None and msg.minor < protocol.SESSIONS_MINOR:
-            problem = (
-                f"client speaks {msg.major}.{msg.minor}; this controller needs "
-                f"{protocol.PROTOCOL_MAJOR}.{protocol.SESSIONS_MINOR} or newer (session tokens): "
-                "upgrade tangram on the client"
-            )
-        return problem
 
     def _handle(self, client: ClientState, rid: int, msg: protocol.Message, blobs: tuple[bytes, ...]) -> None:
         ident = client.ident
@@ -343,61 +361,6 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
         self._charge_puts(msg.sandbox, client.ident, 0)
         ident = client.ident
         self.post(ev.SandboxClosed(msg.sandbox), lambda cmds: self.final(ident, rid, protocol.Result({})))
-
-    def _on_put(self, client: ClientState, rid: int, msg: protocol.Put, blobs: tuple[bytes, ...]) -> None:
-        rec = self._own_sandbox(client, msg.sandbox)
-        self._register(client, rid, "put")
-        data = blobs[0]
-        if not rec.node:
-            if rec.pending_bytes + len(data) > MAX_PENDING_PUT_BYTES:
-                raise BadRequest(
-                    f"more than {MAX_PENDING_PUT_BYTES >> 20} MiB put before the sandbox's first exec"
-                )
-            rec.pending_puts = [(p, d) for p, d in rec.pending_puts if p != msg.path]
-            rec.pending_puts.append((msg.path, data))
-            rec.pending_bytes = sum(len(d) for _, d in rec.pending_puts)
-            self._charge_puts(msg.sandbox, client.ident, rec.pending_bytes)  # held until placed or closed
-            self.final(client.ident, rid, protocol.Result({"queued": True, "size": len(data)}))
-            return
-        self._charge(client.ident, len(data))  # held until the agent answers
-        self._spawn_task(
-            self._file(
-                client.ident, rid, msg.sandbox, protocol.PutFile(msg.sandbox, msg.path), [data], len(data)
-            )
-        )
-
-    def _on_get(self, client: ClientState, rid: int, msg: protocol.Get, blobs: tuple[bytes, ...]) -> None:
-        rec = self._own_sandbox(client, msg.sandbox)
-        self._register(client, rid, "get")
-        if not rec.node:
-            for path, data in reversed(rec.pending_puts):
-                if path == msg.path:
-                    self.final(client.ident, rid, protocol.Result({"size": len(data)}), [data])
-                    return
-            raise BadRequest(f"{msg.path}: no such file (the sandbox has not run anything yet)")
-        self._spawn_task(
-            self._file(client.ident, rid, msg.sandbox, protocol.GetFile(msg.sandbox, msg.path), [])
-        )
-
-    async def _file(
-        self, ident: bytes, rid: int, sandbox: str, msg: protocol.Message, blobs: list[bytes], held: int = 0
-    ) -> None:
-        try:
-            env = await self.agents.file_request(sandbox, msg, blobs)
-        except NodeLost as exc:
-            self.fail(ident, rid, SandboxLost(f"sandbox {sandbox}: {exc}"))
-            return
-        except TangramError as exc:
-            self.fail(ident, rid, exc)
-            return
-        finally:
-            if held:
-                self._uncharge(ident, held)
-        if isinstance(env.msg, protocol.Error):
-            self.final(ident, rid, env.msg)
-        else:
-            assert isinstance(env.msg, protocol.Result)
-            self.final(ident, rid, protocol.Result(dict(env.msg.body)), list(env.blobs[:1]))
 
     def _submit(self, client: ClientState, rid: int, kind: str, spec: ActionSpec, rec: ActionRecord) -> None:
         self.registry.actions[spec.action_id] = rec
@@ -492,7 +455,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
             raise BadRequest(f"unknown API {msg.api!r} (known: {known})")
         timeout = self._budget(msg.budget_ms)
         aid = self._new_id("l")
-        spec = lease_spec(aid, msg.api, msg.units, client.key, timeout)
+        spec = lease_spec(aid, msg.api, msg.units, client.key, timeout, msg.tokens)
         now = self.clock.now()
         rec = ActionRecord(aid, "lease", client.ident, rid, client.key, now, now + timeout, units=msg.units)
         self._submit(client, rid, "lease", spec, rec)
@@ -510,6 +473,8 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers):
             self.final(client.ident, rid, protocol.Result({}))
             return
         rec.release = (client.ident, rid)
+        if msg.tokens or msg.rate_limited:  # the holder's report of its call (API key pools)
+            self.post(ev.ApiReported(msg.lease, msg.tokens or -1, msg.rate_limited, msg.reset_ms / 1000))
         self.post(ev.ActionFinished(msg.lease, ok=True, reason="released"))
 
     def _on_cancel(
@@ -553,8 +518,9 @@ def _size(blobs: tuple[bytes, ...] | list[bytes]) -> int:
     return sum(len(b) for b in blobs)
 
 
-def lease_spec(aid: str, api: str, units: int, client: str, timeout_s: float) -> ActionSpec:
-    """The core's action for an API lease (a new one, or one restored after a restart)."""
+def lease_spec(aid: str, api: str, units: int, client: str, timeout_s: float, tokens: int = 0) -> ActionSpec:
+    """The core's action for an API lease (a new one, or one restored after a restart);
+    ``tokens``: its charge against a key's tokens per minute (API key pools)."""
     res = api_resource(api)
     return ActionSpec(
         action_id=aid,
@@ -565,6 +531,7 @@ def lease_spec(aid: str, api: str, units: int, client: str, timeout_s: float) ->
         client=client,
         api=api,
         timeout_s=timeout_s,
+        tokens=tokens,
     )
 
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tangram import journal
+from tangram_cli.controller.api_keys import scrub
 
 log = logging.getLogger("tangram.controller.ledger")
 
@@ -277,6 +278,8 @@ class Ledger:
     def answered(self, ident: bytes, rid: int, kind: str, frames: list[bytes]) -> None:
         if self.path is None or kind not in KINDS:
             return
+        if kind == "lease":
+            frames = scrub(frames)  # an API key's secret never goes to disk (api_keys.py)
         line = self._ans_line((ident, rid), kind, self.wall(), frames)
         self._remember((ident, rid), line)
         self._append(line)

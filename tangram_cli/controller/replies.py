@@ -30,7 +30,7 @@ from tangram.errors import ProtocolError
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.ledger import Ledger
 from tangram_cli.controller.state import Registry, encode_to
-from tangram_cli.controller.wire import send_now
+from tangram_cli.controller.wire import Batcher, send_now
 
 log = logging.getLogger("tangram.controller.gateway")
 
@@ -59,6 +59,7 @@ class ClientState:
     blocked: bool = False  # a frame of another connection came over this identity since its last own one
     refused: int = 0  # frames refused on this identity (wrong token or key)
     beat_sent: float = 0.0  # when it was last sent a `Heartbeat` (controller clock)
+    batches: bool = False  # its Hello said minor >= BATCH_MINOR: its finals may go in batches
 
 
 @dataclass(slots=True)
@@ -96,6 +97,12 @@ class Replies:
         self._overflowed: set[bytes] = set()  # clients whose work was cancelled for a full outbox
         self._large: deque[tuple[tuple[bytes, int], CacheEntry]] = deque()  # large finals, oldest first
         self.cache_large_bytes = 0  # their bytes (counter `finals_not_kept`: those kept as stubs)
+        # finals of one driver batch, one BATCH per client (`Batcher`; `holding` around the batch)
+        self.batcher = Batcher(self.wire, self._batches_to, self._keep)
+
+    def _batches_to(self, ident: bytes) -> bool:
+        client = self.clients.get(ident)
+        return client is not None and client.batches and client.route >= 0
 
     # ------------------------------------------------------------ sending
     def _send(
@@ -264,8 +271,13 @@ class Replies:
         if client.route >= 0:
             if ident in self.outbox:
                 self._flush(ident)
-            if ident not in self.outbox and send_now(self.wire, frames):
+            if ident not in self.outbox and self.batcher.send(ident, frames[1:]):
                 return
+        self._keep(ident, frames[1:])
+
+    def _keep(self, ident: bytes, frames: list[bytes]) -> None:
+        """Keep a final reply (`frames` without the identity) in the client's bounded outbox."""
+        frames = [ident, *frames]
         size = sum(len(f) for f in frames)
         box = self.outbox.setdefault(ident, deque())
         used = self.outbox_bytes.get(ident, 0)

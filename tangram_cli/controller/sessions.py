@@ -143,6 +143,9 @@ class Gone:
     route: int = -1  # its last connection while that stays up: late replies still go there
 
 
+BEAT_S = 1.0  # at most this long between heartbeats to a client that waits for an answer
+
+
 class Sessions:
     """Mixed into `Gateway` (which provides the attributes below)."""
 
@@ -152,6 +155,18 @@ class Sessions:
     clock: Any
     config: Any
     _send: Callable[..., None]
+
+    def beat_waiting(self) -> None:
+        """A `Heartbeat` to each connected client that was sent none for `BEAT_S` (run twice a
+        second). A client's own heartbeats wait behind its requests in the pipe, and under a
+        burst of many clients the controller reaches each one's frames only now and then; the
+        client judges us by what it hears, so it hears this. An idle client got one in answer
+        to its own heartbeat less than a second ago: it is skipped."""
+        now = self.clock.now()
+        for ident, client in list(self.clients.items()):
+            if client.route >= 0 and client.welcomed and now - client.beat_sent >= BEAT_S:
+                client.beat_sent = now
+                self._send(ident, protocol.Heartbeat(), 0)
 
     def _init_sessions(self, sock: Any) -> None:
         self.secret = secrets.token_bytes(SECRET_BYTES)  # the daemon sets the state file's (load_secret)
@@ -380,7 +395,30 @@ _NOT_REQUESTS = (
     protocol.Reject,
 )
 
-__all__ = ["GONE_TTL_S", "Gone", "Sessions", "client_key", "client_tag", "load_secret"]
+__all__ = [
+    "BEAT_S",
+    "GONE_TTL_S",
+    "Gone",
+    "hello_problem",
+    "Sessions",
+    "client_key",
+    "client_tag",
+    "load_secret",
+]
+
+
+def hello_problem(msg: protocol.Hello) -> str | None:
+    """Why a client's Hello is refused (its version or role), or None."""
+    problem = protocol.version_problem(msg)
+    if problem is None and msg.role != "client":
+        problem = f"role {msg.role!r} on the submit socket"
+    if problem is None and msg.minor < protocol.SESSIONS_MINOR:
+        problem = (
+            f"client speaks {msg.major}.{msg.minor}; this controller needs "
+            f"{protocol.PROTOCOL_MAJOR}.{protocol.SESSIONS_MINOR} or newer (session tokens): "
+            "upgrade tangram on the client"
+        )
+    return problem
 
 
 class SubmitWire:

@@ -11,12 +11,14 @@ the descriptor, so `send_now` pokes the socket's reader.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import zmq
 
+from tangram import protocol
 from tangram.sockio import SocketReader, send_frames, shadow
 
 log = logging.getLogger("tangram.controller.wire")
@@ -42,10 +44,71 @@ def send_now(sock: Any, frames: list[bytes]) -> bool:
     return True
 
 
+OnFail = Callable[[bytes, list[bytes]], None]
+
+
+class Batcher:
+    """Messages to the peers of one ROUTER, held while the controller works through a batch of
+    events (`holding`) and sent at the end as one `BATCH` per peer (protocol rule 7): a decision
+    that starts 200 actions on one agent sends it one message, and the replies of 200 finished
+    actions of one client go to it in one. Only peers that said minor >= `BATCH_MINOR`
+    (`can_batch`) get batches; the others, and everything sent outside a hold, go at once.
+
+    A held message that cannot go at release (the peer's queue is full, or it is gone) is
+    handed to `on_fail(ident, frames)`, in order, as its sender would have seen `send_now`
+    fail; once one chunk to a peer fails, the rest to that peer fail too (order is kept)."""
+
+    def __init__(self, sock: Any, can_batch: Callable[[bytes], bool], on_fail: OnFail) -> None:
+        self.sock = sock
+        self.can_batch = can_batch
+        self.on_fail = on_fail
+        self.depth = 0
+        self.held: dict[bytes, list[list[bytes]]] = {}
+        self.batches = 0  # batch messages sent
+        self.batched = 0  # messages that went in them
+
+    def send(self, ident: bytes, frames: list[bytes]) -> bool:
+        """Send `frames` (a message, without the identity) to `ident` now, or hold it."""
+        if self.depth and self.can_batch(ident):
+            held = self.held.get(ident)
+            if held is None:
+                self.held[ident] = [frames]
+            else:
+                held.append(frames)
+            return True
+        return send_now(self.sock, [ident, *frames])
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth and self.held:
+                self.release()
+
+    def release(self) -> None:
+        held, self.held = self.held, {}
+        for ident, items in held.items():
+            failed = False
+            for chunk in protocol.chunks(items):
+                message = [ident, *(chunk[0] if len(chunk) == 1 else protocol.batch_frames(chunk))]
+                if not failed and send_now(self.sock, message):
+                    if len(chunk) > 1:
+                        self.batches += 1
+                        self.batched += len(chunk)
+                    continue
+                failed = True
+                for frames in chunk:
+                    self.on_fail(ident, frames)
+
+
 async def serve(
-    sock: Any, handle: Callable[[list[Any]], None], *, copy: bool = True, batch: int = 256
+    sock: Any, handle: Callable[[list[Any]], int | None], *, copy: bool = True, batch: int = 256
 ) -> None:
-    """Read `sock` until cancelled, calling `handle(frames)` for every message."""
+    """Read `sock` until cancelled, calling `handle(frames)` for every message (it may return how
+    many messages a batch carried: `SocketReader`)."""
     reader = SocketReader(sock, handle, copy=copy, batch=batch)
     _readers[id(reader.sync)] = reader
     try:
@@ -55,4 +118,4 @@ async def serve(
         _readers.pop(id(reader.sync), None)
 
 
-__all__ = ["send_now", "serve", "shadow"]
+__all__ = ["Batcher", "send_now", "serve", "shadow"]

@@ -6,6 +6,7 @@ the end-to-end tests run ``python -m agent`` as a real subprocess. Every receive
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import signal
@@ -47,6 +48,8 @@ class FakeController:
         self.port = port
         self.bind()
         self.rid = 100
+        self.waiting: collections.deque[tuple[bytes, p.Envelope]] = collections.deque()
+        self.batches_in = 0
 
     def bind(self) -> None:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -87,11 +90,15 @@ class FakeController:
     async def recv(self, timeout: float = RECV_S, skip_heartbeats: bool = True) -> tuple[bytes, p.Envelope]:
         end = time.monotonic() + timeout
         while True:
-            frames = await self.recv_raw(max(0.01, end - time.monotonic()))
-            env = p.decode(frames[1:])
+            if not self.waiting:  # the agent batches its replies (it was welcomed with minor >= 5)
+                frames = await self.recv_raw(max(0.01, end - time.monotonic()))
+                self.batches_in += p.is_batch(frames[1:])
+                self.waiting.extend((frames[0], e) for e in p.decode_all(frames[1:]) if isinstance(e, p.Envelope))
+                continue
+            ident, env = self.waiting.popleft()
             if skip_heartbeats and isinstance(env.msg, p.Heartbeat):
                 continue
-            return frames[0], env
+            return ident, env
 
     async def expect(self, cls: type, timeout: float = RECV_S) -> tuple[bytes, p.Envelope]:
         ident, env = await self.recv(timeout)
@@ -339,6 +346,24 @@ async def test_kill_answers_ack_then_killed_result(ctl, start, tmp_path):
     assert body["killed"] and body["exit_code"] == 137 and not body["timed_out"]
     env = await ctl.request(ident, p.Kill("not-running"))  # nothing to kill: still answered
     assert isinstance(env.msg, p.Ack)
+
+
+async def test_a_batch_of_requests_is_answered_in_one_batch(ctl, start, tmp_path):
+    """Protocol 1.5: the replies of one loop iteration go back as one BATCH, each exactly once;
+    a bad item is answered alone and the others stand."""
+    _, ident, _ = await welcomed(ctl, start, tmp_path)
+    kills = [p.encode(p.Kill(f"not-running-{i}"), 600 + i) for i in range(8)]
+    bad = p.encode_trusted(p.Kill("x", attempt=-1), 700)  # a negative attempt: only a trusted encoder writes it
+    (message,) = p.pack([*kills, bad])
+    await ctl.sock.send_multipart([ident, *message])
+    got: dict[int, list[p.Message]] = {}
+    while len(got) < 9:
+        _, env = await ctl.recv()
+        got.setdefault(env.request_id, []).append(env.msg)
+    assert sorted(got) == [*range(600, 608), 700] and all(len(v) == 1 for v in got.values())
+    assert all(isinstance(got[600 + i][0], p.Ack) for i in range(8))
+    assert isinstance(got[700][0], p.Error) and got[700][0].code == "BAD_REQUEST"
+    assert ctl.batches_in >= 1
 
 
 async def test_kill_right_behind_its_spawn_still_kills(ctl, start, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import secrets
@@ -99,16 +100,19 @@ class RawClient:
     token of the `Welcome` on every later frame (`token`; set it to resume a session, None: no
     session yet)."""
 
-    def __init__(self, addr: str) -> None:
+    def __init__(self, addr: str, minor: int = p.PROTOCOL_MINOR) -> None:
+        self.minor = minor  # what its Hello says: below BATCH_MINOR it is sent no batches
+        self.batches_in = 0  # BATCH messages received
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, secrets.token_bytes(16))
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(addr)
         self.token: bytes | None = None
+        self.waiting: collections.deque[p.Envelope] = collections.deque()  # the rest of a batch
 
     async def hello(self, name: str = "raw") -> p.Envelope:
-        await self.send(p.Hello("client", name, p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR), HELLO_RID)
+        await self.send(p.Hello("client", name, p.PROTOCOL_MAJOR, self.minor), HELLO_RID)
         return await self.final(HELLO_RID)
 
     async def send(self, msg: p.Message, rid: int, blobs: list[bytes] = ()) -> None:  # type: ignore[assignment]
@@ -121,8 +125,13 @@ class RawClient:
 
     async def recv(self, timeout: float = 5.0) -> p.Envelope:
         while True:
-            frames = await asyncio.wait_for(self.sock.recv_multipart(), timeout)
-            env = p.decode(frames)
+            if not self.waiting:
+                frames = await asyncio.wait_for(self.sock.recv_multipart(), timeout)
+                self.batches_in += p.is_batch(frames)
+                items = p.decode_all(frames)  # it says minor >= BATCH_MINOR: finals may come in a batch
+                self.waiting.extend(e for e in items if isinstance(e, p.Envelope))
+                continue
+            env = self.waiting.popleft()
             if isinstance(env.msg, p.Welcome) and env.msg.session:
                 self.token = bytes.fromhex(env.msg.session)
             if not isinstance(env.msg, p.Heartbeat):
@@ -143,8 +152,8 @@ class RawClient:
 def raw_client() -> Any:
     made: list[RawClient] = []
 
-    def make(addr: str) -> RawClient:
-        r = RawClient(addr)
+    def make(addr: str, minor: int = p.PROTOCOL_MINOR) -> RawClient:
+        r = RawClient(addr, minor)
         made.append(r)
         return r
 

@@ -49,6 +49,8 @@ class FakeAgent:
     prepared: list[str] = field(default_factory=list)
     sandboxes_at_hello: list[str] = field(default_factory=list)
     mute: bool = False  # stop heartbeats and replies (a hung agent)
+    minor: int = p.PROTOCOL_MINOR  # what its Hello says: below BATCH_MINOR it is sent no batches
+    batches_in: int = 0  # BATCH messages received
     welcomed: asyncio.Event = field(default_factory=asyncio.Event)
     curve: Any = None  # tangram.certs.CurveKeys: connect as a CURVE client (tests/security)
     _procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
@@ -84,7 +86,7 @@ class FakeAgent:
                     "agent",
                     self.name,
                     p.PROTOCOL_MAJOR,
-                    p.PROTOCOL_MINOR,
+                    self.minor,
                     facts,
                     sandboxes=self.sandboxes_at_hello,
                 ),
@@ -127,15 +129,22 @@ class FakeAgent:
             if recv in done:
                 frames = recv.result()
                 recv = None
-                env = p.decode(frames)
-                if isinstance(env.msg, p.Welcome):
-                    self.welcomed.set()
-                    continue
-                if isinstance(env.msg, p.Heartbeat) or self.mute:
-                    continue
-                task = asyncio.ensure_future(self._handle(env))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self.batches_in += p.is_batch(frames)
+                for env in p.decode_all(frames):  # one message, or the items of a batch
+                    self._on(env)
+
+    def _on(self, env: p.Envelope | p.BadItem) -> None:
+        if isinstance(env, p.BadItem):
+            self._reply(env.request_id, p.Error.from_exception(env.error))
+            return
+        if isinstance(env.msg, p.Welcome):
+            self.welcomed.set()
+            return
+        if isinstance(env.msg, p.Heartbeat) or self.mute:
+            return
+        task = asyncio.ensure_future(self._handle(env))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _dir(self, sandbox: str) -> str:
         return os.path.join(self.root, sandbox)

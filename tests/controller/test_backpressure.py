@@ -151,7 +151,7 @@ async def test_slow_client_outbox_overflow_cancels_its_work(make_controller, mak
                 return env
 
     try:
-        await sock.send_multipart(p.encode(p.Hello("client", "slow", p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR), 99))
+        await sock.send_multipart(p.encode(p.Hello("client", "slow", p.PROTOCOL_MAJOR, p.BATCH_MINOR - 1), 99))
         while not isinstance((welcome := p.decode(await sock.recv_multipart())).msg, p.Welcome):
             pass
         token = bytes.fromhex(welcome.msg.session)  # the session token every later frame carries

@@ -10,7 +10,7 @@ import time
 
 import tangram
 from tangram import protocol as p
-from tangram_cli.controller.gateway import BEAT_S
+from tangram_cli.controller.sessions import BEAT_S
 
 
 async def test_a_client_hears_heartbeats_while_its_requests_are_read(controller, agent, raw_client) -> None:

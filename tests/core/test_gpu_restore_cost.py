@@ -42,8 +42,10 @@ def loaded(out: list[cmd.Command]) -> list[tuple[str, int]]:
 def test_restore_does_not_evict_the_service_the_next_call_wants_when_another_chunk_is_free():
     # GPU 0 holds b, GPU 1 holds a, both free when the pass sees [c1, b1]: c1's restore goes to
     # GPU 1 (a, wanted by nobody), so b1 runs on its resident copy: one restore, not two.
+    # (Without pre-wake: with it, c's restore starts at 2.0, while H still blocks the queue; see
+    # test_prewake.py.)
     for policy, want in (("tangram", {"c1": 1, "b1": 0}), ("min", {"c1": 0, "b1": 1})):
-        s = make(4, {"a": 1.0, "b": 1.0, "c": 1.0, "e": 10.0}, sizes=(1, 2, 4), policy=policy)
+        s = make(4, {"a": 1.0, "b": 1.0, "c": 1.0, "e": 10.0}, sizes=(1, 2, 4), policy=policy, prewake=False)
         submit(s, "x", "b", 0.0)  # b restored on GPU 0
         submit(s, "y", "a", 0.0)  # a restored on GPU 1
         assert invoked(submit(s, "z", "e", 0.0, (2,))) == {"z": 2}  # GPUs 2-3 busy for 11 s

@@ -188,8 +188,9 @@ def test_a_snapshot_shows_nodes_services_apis_and_the_queue_in_fcfs_order():
         {"service": "rm", "gpu_mem_mib": 10_000, "chunk_sizes": [1, 4], "load_s": 2.0},
     )
     assert snap.apis == (
-        {"api": "pdf", "mode": "quota", "limit": 3, "in_flight": 0, "used": 0, "queued": 0},
-        {"api": "search", "mode": "concurrency", "limit": 1, "in_flight": 1, "used": 0, "queued": 1},
+        {"api": "pdf", "mode": "quota", "limit": 3, "in_flight": 0, "used": 0, "queued": 0, "keys": []},
+        {"api": "search", "mode": "concurrency", "limit": 1, "in_flight": 1, "used": 0, "queued": 1,
+         "keys": []},
     )
     e2, l2 = snap.queue
     assert e2 == QueueRow("e2", "cpu", "exec", "c", 8.0, "cpu=2..4", str(s.status_of("e2")))

@@ -21,7 +21,7 @@ from sched_util import call_spec, node
 from tangram.core import events as ev
 from tangram.core import gpu_pass
 from tangram.core.managers.gpu import Placement
-from tangram.core.scheduler import Scheduler
+from tangram.core.scheduler import CoreConfig, Scheduler
 from tangram.core.state import Waiting
 
 SERVICES = ("rm", "v1", "v2")
@@ -30,7 +30,7 @@ SERVICES = ("rm", "v1", "v2")
 def _state(rng: random.Random) -> tuple[Scheduler, dict[str, int]]:
     """1-2 nodes of 2 or 4 GPUs; calls of the three services running on some GPUs (their
     ends at whole seconds, so that a wait can equal a cost exactly); a busy mask for the pass."""
-    s = Scheduler()
+    s = Scheduler(CoreConfig(prewake=False))  # the model as it stands without pre-wake (prewake.py)
     for i in range(rng.randint(1, 2)):
         s.handle(node(f"n{i}", 1, gpus=rng.choice((2, 4)), gpu_mem=80_000), 0.0)
     for name in SERVICES:

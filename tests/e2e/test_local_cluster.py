@@ -96,7 +96,7 @@ async def test_resent_request_runs_once(cluster) -> None:
                 return env
 
     try:
-        await sock.send_multipart(p.encode(p.Hello("client", "raw", p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR), 8))
+        await sock.send_multipart(p.encode(p.Hello("client", "raw", p.PROTOCOL_MAJOR, p.BATCH_MINOR - 1), 8))
         while not isinstance((welcome := p.decode(await sock.recv_multipart())).msg, p.Welcome):
             pass
         token = bytes.fromhex(welcome.msg.session)  # every request of the session carries it

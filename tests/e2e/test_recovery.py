@@ -174,7 +174,7 @@ async def test_a_resent_request_gets_its_recorded_reply_after_a_restart(ctl_and_
     await _registered(ctl)
     ident = secrets.token_bytes(16)
     sock = await _raw(ctl.addr("submit"), ident)
-    await sock.send_multipart(p.encode(p.Hello("client", "raw", p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR), 9))
+    await sock.send_multipart(p.encode(p.Hello("client", "raw", p.PROTOCOL_MAJOR, p.BATCH_MINOR - 1), 9))
     token = bytes.fromhex((await _final(sock, 9, p.Welcome)).msg.session)  # type: ignore[union-attr]
     await sock.send_multipart(p.encode(p.SandboxOpen(), 1, token=token))
     sandbox = (await _final(sock, 1)).msg.body["sandbox"]  # type: ignore[union-attr]

@@ -62,8 +62,8 @@ SAMPLES: dict[type[p.Message], tuple[p.Message, tuple[bytes, ...]]] = {
         p.Call("rm-7b", 2, 30_000, [1, 2, 4], "rm-scaling", total_budget_ms=60_000),
         (PAYLOAD,),
     ),
-    p.Lease: (p.Lease("search", units=3, budget_ms=5000), ()),
-    p.Release: (p.Release("lease-9"), ()),
+    p.Lease: (p.Lease("search", units=3, budget_ms=5000, tokens=1200), ()),
+    p.Release: (p.Release("lease-9", tokens=900, rate_limited=True, reset_ms=30_000), ()),
     p.Cancel: (p.Cancel(123456789), ()),
     p.CreateSandbox: (
         p.CreateSandbox("sb-1", "registry.local/swe@sha256:00ff", 2048, labels={"tangram.cluster": "c1"}),

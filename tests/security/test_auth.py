@@ -86,11 +86,11 @@ def agent_hello(name: str) -> list[bytes]:
         "pid": os.getpid(),
         "version": "test",
     }
-    return p.encode(p.Hello("agent", name, p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR, facts), 0)
+    return p.encode(p.Hello("agent", name, p.PROTOCOL_MAJOR, p.BATCH_MINOR - 1, facts), 0)
 
 
 def client_hello() -> list[bytes]:
-    return p.encode(p.Hello("client", "rogue", p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR), 1)
+    return p.encode(p.Hello("client", "rogue", p.PROTOCOL_MAJOR, p.BATCH_MINOR - 1), 1)
 
 
 class Rogue:

@@ -249,7 +249,7 @@ async def test_an_oversized_request_is_refused_by_the_library_and_a_raw_one_is_c
         raw.setsockopt(zmq.LINGER, 0)
         raw.connect(controller["submit_addr"])
         try:
-            await raw.send_multipart(p.encode(p.Hello("client", "raw", 1, p.PROTOCOL_MINOR), 1))
+            await raw.send_multipart(p.encode(p.Hello("client", "raw", 1, p.BATCH_MINOR - 1), 1))
             welcome = p.decode(await asyncio.wait_for(raw.recv_multipart(), 10))
             token = bytes.fromhex(getattr(welcome.msg, "session", ""))
             frames = (

@@ -67,7 +67,7 @@ def connect():
     return s
 token = bytes.fromhex(args.get("token", ""))
 reqs = [
-    (1, p.Hello("client", "mallory", p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR), []),
+    (1, p.Hello("client", "mallory", p.PROTOCOL_MAJOR, p.BATCH_MINOR - 1), []),
     (2, p.Exec(args["sandbox"], "cat secret.txt", 1, 1), []),
     (3, p.Get(args["sandbox"], "secret.txt"), []),
     (4, p.Put(args["sandbox"], "secret.txt"), [b"overwritten"]),

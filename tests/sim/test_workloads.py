@@ -15,7 +15,9 @@ FILES = sorted(
 
 
 def test_every_shipped_workload_loads_and_generates():
-    assert FILES == ["coding.yaml", "deepsearch.yaml", "mopd.yaml", "mopd_search.yaml"]
+    assert FILES == [
+        "coding.yaml", "deepsearch.yaml", "deepsearch_keys.yaml", "mopd.yaml", "mopd_search.yaml"
+    ]
     for name in workloads.NAMES:
         w = workloads.load(name)
         plans = workloads.generate(w, 10, seed=1)

@@ -5,10 +5,14 @@ Contract:
 2. ``quota`` mode: at most ``limit`` leases granted per period; periods are aligned to the
    first use, and ``next_deadline`` is the start of the next period while work waits.
 3. ``release`` is idempotent.
+4. An API may list keys (``managers/keys.py``): a lease then also needs a key with room, and
+   a ``limit`` of 0 means the keys' limits are the only ones.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from tangram.core.managers.keys import ApiKey, KeyPool
 
 CONCURRENCY = "concurrency"
 QUOTA = "quota"
@@ -23,6 +27,7 @@ class Api:
     in_flight: set[str] = field(default_factory=set)
     window_start: float | None = None
     used: int = 0
+    keys: KeyPool = field(default_factory=lambda: KeyPool(()))
 
     def roll(self, now: float) -> None:
         if self.mode != QUOTA or self.window_start is None:
@@ -34,6 +39,8 @@ class Api:
 
     def free(self, now: float) -> int:
         self.roll(now)
+        if self.limit <= 0 and self.keys:
+            return 1 << 30  # no API-wide limit: the keys' own limits apply
         if self.mode == QUOTA:
             return max(0, self.limit - self.used)
         return max(0, self.limit - len(self.in_flight))
@@ -48,6 +55,7 @@ class Api:
 
     def release(self, lease: str) -> None:
         self.in_flight.discard(lease)
+        self.keys.release(lease)
 
     def spent(self, used: int, window_start: float, now: float) -> None:
         """Quota spent in a window that began at ``window_start`` (restored after a restart)."""
@@ -64,9 +72,13 @@ class BasicManager:
     def __init__(self) -> None:
         self.apis: dict[str, Api] = {}
 
-    def define(self, name: str, mode: str, limit: int, period_s: float) -> None:
+    def define(
+        self, name: str, mode: str, limit: int, period_s: float, keys: tuple[ApiKey, ...] = ()
+    ) -> None:
         old = self.apis.get(name)
-        api = Api(name, mode, limit, period_s)
+        api = Api(name, mode, limit, period_s, keys=KeyPool(keys))
         if old is not None:
             api.in_flight, api.window_start, api.used = old.in_flight, old.window_start, old.used
+            if [k.spec for k in old.keys.keys] == list(keys):
+                api.keys = old.keys  # the same keys: keep their windows and leases
         self.apis[name] = api
