@@ -5,6 +5,7 @@ JSON helpers, which touch only the paths they are given."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -170,3 +171,18 @@ def _write_json(path: str, data: dict) -> None:  # type: ignore[type-arg]
     ) as f:
         json.dump(data, f)
     os.replace(tmp, path)
+
+
+def tidy_relocated(root: str, configured_root: str) -> None:
+    """After close: a relocated sandbox root with no sandbox left goes (the next agent makes it again),
+    and so does the symlink at the configured place."""
+    with contextlib.suppress(OSError):
+        with os.scandir(root) as it:
+            entries = list(it)
+        if any(e.is_dir(follow_symlinks=False) for e in entries):
+            return
+        for e in entries:
+            os.unlink(e.path)  # (meta files of sandboxes gone)
+        os.rmdir(root)
+        if os.path.islink(configured_root):
+            os.unlink(configured_root)

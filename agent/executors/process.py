@@ -70,13 +70,13 @@ from .proc_parts import (
     dropping_argv,
     joining_argv,
     process_argv,
+    tidy_relocated,
 )
 from .spawn import ChildIO, ExitWatch, kill_group, spawn_pinned
 from .spawner import Job, Spawner, plain_config, sandbox_config
 from .users import CLAIMS_DIR, DEFAULT_BASE, DEFAULT_COUNT, UidPool, chown_tree, remove_owned
 
-SPAWNER_TRIES = 3  # failed spawner starts before the agent keeps spawning actions itself
-DEFAULT_PIDS = 512
+SPAWNER_TRIES, DEFAULT_PIDS = 3, 512  # failed spawner starts before the agent spawns itself; a sandbox's pids
 log = logging.getLogger("agent.executors.process")
 
 
@@ -128,6 +128,11 @@ class ProcessExecutor:
             if cgroups:
                 self.cgroups = ActionCgroups.open(cluster, node, given)
             return
+        self._contain_root(home, uid_base, uid_count, uid_claims, sandbox_mem_mib)
+
+    def _contain_root(self, home: str, uid_base: int, uid_count: int, uid_claims: str,
+                      sandbox_mem_mib: int | None) -> None:
+        """Contained sandboxes: their root at ``home`` (mode 0711), their users, their default memory."""
         self.configured_root = self.root
         self._closed = False
         self._relocated = relocated(self.root, home)
@@ -307,7 +312,8 @@ class ProcessExecutor:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._meta(sandbox))
         if self._closed:
-            self._tidy_root()
+            if self._relocated:
+                tidy_relocated(self.root, self.configured_root)
 
     async def list_sandboxes(self) -> list[str]:
         try:
@@ -570,22 +576,8 @@ class ProcessExecutor:
         if self.sbcg is not None:
             await asyncio.to_thread(self.sbcg.close)
             self._closed = True
-            self._tidy_root()
-
-    def _tidy_root(self) -> None:
-        """After close: a relocated place with no sandbox left goes (made again by the next agent)."""
-        if not self._relocated:
-            return
-        with contextlib.suppress(OSError):
-            with os.scandir(self.root) as it:
-                entries = list(it)
-            if any(e.is_dir(follow_symlinks=False) for e in entries):
-                return
-            for e in entries:
-                os.unlink(e.path)  # (meta files of sandboxes gone)
-            os.rmdir(self.root)
-            if os.path.islink(self.configured_root):
-                os.unlink(self.configured_root)
+            if self._relocated:
+                tidy_relocated(self.root, self.configured_root)
 
     async def recover(self) -> Reaped | None:
         """Before the agent says Hello: kill and remove what earlier agents of this node left in their action

@@ -170,17 +170,7 @@ def fig8_gpu(
         r = run_one("mopd", "tangram", top, seed, base.with_gpus(g))
         r["gpus"] = g
         sweep.append(r)
-    equal, interp = None, None
-    for i in reversed(range(len(sweep))):
-        if sweep[i]["mean_act_s"] > target:
-            break
-        equal = sweep[i]["gpus"]
-        interp = float(equal)
-        if i > 0:
-            lo, hi = sweep[i - 1], sweep[i]
-            span = lo["mean_act_s"] - hi["mean_act_s"]
-            frac = (lo["mean_act_s"] - target) / span if span > 0 else 1.0
-            interp = lo["gpus"] + frac * (hi["gpus"] - lo["gpus"])
+    equal, interp = _equal_act(sweep, target)
     return {
         "experiment": "fig8-gpu",
         "rows": rows,
@@ -202,6 +192,23 @@ def fig8_gpu(
             "gpu_sweep_mean_act_s": [r["mean_act_s"] for r in sweep],
         },
     }
+
+
+def _equal_act(sweep: list[dict[str, Any]], target: float) -> tuple[int | None, float | None]:
+    """The fewest swept GPUs from which every larger count matches ``target`` mean ACT, and the
+    count interpolated linearly between it and the swept count below."""
+    equal, interp = None, None
+    for i in reversed(range(len(sweep))):
+        if sweep[i]["mean_act_s"] > target:
+            break
+        equal = sweep[i]["gpus"]
+        interp = float(equal)
+        if i > 0:
+            lo, hi = sweep[i - 1], sweep[i]
+            span = lo["mean_act_s"] - hi["mean_act_s"]
+            frac = (lo["mean_act_s"] - target) / span if span > 0 else 1.0
+            interp = lo["gpus"] + frac * (hi["gpus"] - lo["gpus"])
+    return equal, interp
 
 
 def fig9(
