@@ -144,6 +144,7 @@ __all__ = [
     "SESSIONS_MINOR",
     "TAG",
     "TOKEN_BYTES",
+    "UNBATCHED",
     "Accepted",
     "Ack",
     "BadItem",
@@ -227,7 +228,7 @@ BATCH = 0x0A  # the type code of a batch (rule 7); no message class: its body is
 BATCH_MAX = 256  # messages in one batch
 BATCH_BODY_BYTES = 2 * (1 << 20)  # the batch's body (the items' bodies together)
 _BATCH_KIND = bytes((BATCH,))
-_UNBATCHED = frozenset({0x01, 0x02, 0x03})  # HELLO, WELCOME, REJECT: a connection's first words go alone
+UNBATCHED = frozenset({0x01, 0x02, 0x03})  # HELLO, WELCOME, REJECT: a connection's first words go alone
 TOKEN_BYTES = SESSION_TOKEN_BYTES  # a session token: frame 2 is the request id, then this many bytes
 TAG = b"TGR%d" % PROTOCOL_MAJOR
 _TAG_PREFIX = b"TGR"
@@ -489,7 +490,7 @@ def decode_all(frames: Sequence[bytes]) -> list[Envelope | BadItem]:
             at += size
         try:
             cls = _BY_CODE.get(code)
-            if cls is None or code in _UNBATCHED:
+            if cls is None or code in UNBATCHED:
                 raise schema_error("batch item", f"message type {code:#04x} cannot travel in a batch")
             if len(blobs) < cls._min_blobs:
                 raise schema_error(cls.__name__, f"needs {cls._min_blobs} blob(s)")

@@ -69,7 +69,7 @@ class Batcher:
 
     def send(self, ident: bytes, frames: list[bytes]) -> bool:
         """Send `frames` (a message, without the identity) to `ident` now, or hold it."""
-        if self.depth and self.can_batch(ident):
+        if self.depth and frames[1][0] not in protocol.UNBATCHED and self.can_batch(ident):
             held = self.held.get(ident)
             if held is None:
                 self.held[ident] = [frames]

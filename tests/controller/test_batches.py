@@ -102,3 +102,41 @@ async def test_the_client_library_sends_what_one_loop_iteration_asks_in_batches(
         assert transport.stray_replies == 0 and transport.resent == 0
     assert len(agent.runs) == 100
     assert controller.gateway.counters["replayed"] == 0 and controller.gateway.counters["joined"] == 0
+
+
+class _Sock:
+    """A stand-in for the ROUTER's synchronous side: records sends, or refuses them all."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.sent: list[list[bytes]] = []
+        self.refuse = refuse
+
+    def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
+        import zmq
+
+        if self.refuse:
+            raise zmq.Again()
+        self.sent.append(frames)
+
+
+def test_the_batcher_sends_a_connections_first_words_at_once_and_hands_back_what_did_not_go() -> None:
+    from tangram_cli.controller.wire import Batcher
+
+    sock = _Sock()
+    batcher = Batcher(sock, lambda ident: True, lambda ident, frames: None)
+    with batcher.holding():
+        batcher.send(b"c", p.encode(p.Welcome(1, p.PROTOCOL_MINOR, 7), 0))
+        batcher.send(b"c", p.encode(p.Result({}), 1))
+        batcher.send(b"c", p.encode(p.Result({}), 2))
+        assert len(sock.sent) == 1 and p.decode(sock.sent[0][1:]).msg == p.Welcome(1, p.PROTOCOL_MINOR, 7)
+    assert len(sock.sent) == 2 and p.is_batch(sock.sent[1][1:])
+    assert [e.request_id for e in p.decode_all(sock.sent[1][1:])] == [1, 2]
+
+    failed: list[tuple[bytes, int]] = []
+    refusing = Batcher(
+        _Sock(refuse=True), lambda ident: True, lambda i, f: failed.append((i, p.decode(f).request_id))
+    )
+    with refusing.holding():
+        for rid in (3, 4, 5):
+            refusing.send(b"d", p.encode(p.Result({}), rid))
+    assert failed == [(b"d", 3), (b"d", 4), (b"d", 5)]  # in order, as unsent finals
