@@ -172,6 +172,10 @@ async def test_client_gone_releases_sandboxes(make_controller, make_agent, raw_c
             break
         await asyncio.sleep(0.02)
     assert agent.runs[0].end > 0  # its running action was killed
+    for _ in range(250):  # and its answer reached the core (the agent sends it after the reap)
+        if c.core.snapshot().running == 0:
+            break
+        await asyncio.sleep(0.02)
     assert c.core.snapshot().running == 0
 
 
