@@ -64,8 +64,7 @@ class ReplySender:
         items, self._replies = self._replies, []
         live = self._live if self._welcomed else None
         for chunk in p.chunks(items):
-            message = chunk[0] if len(chunk) == 1 else p.batch_frames(chunk)
-            if live is None or self._outbox.items or not self._send_on(live, message):
+            if live is None or self._outbox.items or not self._send_on(live, p.packed(chunk)):
                 for frames in chunk:
                     self._outbox.push(frames)
 

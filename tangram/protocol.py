@@ -212,16 +212,15 @@ __all__ = [
     "encode_trusted",
     "chunks",
     "pack",
+    "packed",
     "stamp",
     "type_code",
     "version_problem",
 ]
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = (
-    5  # 1.1 Welcome.max_outstanding, 1.2 Welcome.durable, 1.3 sessions, 1.4 run vs total budgets,
-)
-# 1.5 batches (rule 7)
+# 1.1 Welcome.max_outstanding, 1.2 Welcome.durable, 1.3 sessions, 1.4 run vs total budgets, 1.5 batches
+PROTOCOL_MINOR = 5
 SESSIONS_MINOR = 3  # the first minor whose clients carry session tokens; the controller refuses older ones
 BATCH_MINOR = 5  # the first minor whose peers read (and may send) batches
 BATCH = 0x0A  # the type code of a batch (rule 7); no message class: its body is a list, not a map
@@ -457,9 +456,14 @@ def chunks(items: Sequence[list[bytes]], most: int = BATCH_MAX) -> list[list[lis
     return out
 
 
+def packed(chunk: Sequence[list[bytes]], token: bytes = b"") -> list[bytes]:
+    """The message that carries one chunk (`chunks`): a lone item as it is, else a batch."""
+    return chunk[0] if len(chunk) == 1 else batch_frames(chunk, token)
+
+
 def pack(items: Sequence[list[bytes]], token: bytes = b"", most: int = BATCH_MAX) -> list[list[bytes]]:
-    """The messages that carry `items`: a batch per chunk (`chunks`), a lone item as it is."""
-    return [c[0] if len(c) == 1 else batch_frames(c, token) for c in chunks(items, most)]
+    """The messages that carry `items`, one per chunk (`chunks`, `packed`)."""
+    return [packed(c, token) for c in chunks(items, most)]
 
 
 def is_batch(frames: Sequence[bytes]) -> bool:

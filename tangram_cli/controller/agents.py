@@ -110,7 +110,7 @@ class AgentLink(GpuCommands):
         if isinstance(msg, protocol.Spawn):  # built from a decoded Exec: checked already
             frames = protocol.encode_trusted(msg, rid, blobs)
         else:
-            frames = encode_to(agent.ident, msg, rid, blobs)[1:]
+            frames = protocol.encode(msg, rid, blobs)
         ok = self.batcher.send(agent.ident, frames)
         agent.last_sent = self.clock.now()
         return ok

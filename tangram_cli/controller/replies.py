@@ -149,7 +149,7 @@ class Replies:
         entry.expires = self.clock.now() + CACHE_TTL_S
         self._keep_large(key, entry, frames)
         self.ledger.answered(ident, rid, entry.kind, frames)  # on disk before the client can see it
-        self._deliver(ident, [ident, *frames])
+        self._deliver(ident, frames)
 
     def _keep_large(self, key: tuple[bytes, int], entry: CacheEntry, frames: list[bytes]) -> None:
         """Count a large final against the cache's byte budget; past it, keep the oldest as stubs."""
@@ -207,7 +207,7 @@ class Replies:
         self.cache.move_to_end(key)
         if entry.final is not None:
             self.counters["replayed"] += 1
-            self._deliver(ident, [ident, *entry.final])
+            self._deliver(ident, entry.final)
         else:
             self.counters["joined"] += 1
             if entry.kind in ("exec", "call"):
@@ -260,20 +260,21 @@ class Replies:
             self.outstanding.pop(ident, None)
 
     def _deliver(self, ident: bytes, frames: list[bytes]) -> None:
-        """Send a final reply now, or keep it in the client's bounded outbox (order kept). A
-        session without a route always waits (sessions.py, rules 2 and 3)."""
+        """Send a final reply (`frames`, without the identity) now, or keep it in the client's
+        bounded outbox (order kept). A session without a route always waits (sessions.py, rules 2
+        and 3)."""
         self._watch_routes()
         client = self.clients.get(ident)
         if client is None:  # gone: sent if its connection is still up; it stays in the cache for a resend
-            if self._touch_gone(ident) < 0 or not send_now(self.wire, frames):
+            if self._touch_gone(ident) < 0 or not send_now(self.wire, [ident, *frames]):
                 self.counters["send_dropped"] += 1
             return
         if client.route >= 0:
             if ident in self.outbox:
                 self._flush(ident)
-            if ident not in self.outbox and self.batcher.send(ident, frames[1:]):
+            if ident not in self.outbox and self.batcher.send(ident, frames):
                 return
-        self._keep(ident, frames[1:])
+        self._keep(ident, frames)
 
     def _keep(self, ident: bytes, frames: list[bytes]) -> None:
         """Keep a final reply (`frames` without the identity) in the client's bounded outbox."""

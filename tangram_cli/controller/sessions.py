@@ -395,17 +395,6 @@ _NOT_REQUESTS = (
     protocol.Reject,
 )
 
-__all__ = [
-    "BEAT_S",
-    "GONE_TTL_S",
-    "Gone",
-    "hello_problem",
-    "Sessions",
-    "client_key",
-    "client_tag",
-    "load_secret",
-]
-
 
 def hello_problem(msg: protocol.Hello) -> str | None:
     """Why a client's Hello is refused (its version or role), or None."""
@@ -419,6 +408,18 @@ def hello_problem(msg: protocol.Hello) -> str | None:
             "upgrade tangram on the client"
         )
     return problem
+
+
+__all__ = [
+    "BEAT_S",
+    "GONE_TTL_S",
+    "Gone",
+    "hello_problem",
+    "Sessions",
+    "client_key",
+    "client_tag",
+    "load_secret",
+]
 
 
 class SubmitWire:

@@ -93,7 +93,7 @@ class Batcher:
         for ident, items in held.items():
             failed = False
             for chunk in protocol.chunks(items):
-                message = [ident, *(chunk[0] if len(chunk) == 1 else protocol.batch_frames(chunk))]
+                message = [ident, *protocol.packed(chunk)]
                 if not failed and send_now(self.sock, message):
                     if len(chunk) > 1:
                         self.batches += 1

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
+from support.agents import start_agent, stop_process  # noqa: F401 - the e2e tests import them from here
 
 from tangram_cli.controller.config import parse_config
 from tangram_cli.controller.daemon import Controller, Options
@@ -38,40 +39,6 @@ CONFIG: dict[str, Any] = {
 def cpus_for_test() -> str:
     n = len(os.sched_getaffinity(0))
     return "0-1" if n >= 2 else "0"
-
-
-def start_agent(
-    addr: str, workdir: str, *extra: str, env: dict[str, str] | None = None, name: str = "n1"
-) -> subprocess.Popen[bytes]:
-    argv = [
-        sys.executable,
-        "-m",
-        "agent",
-        "--controller",
-        addr,
-        "--name",
-        name,
-        "--workdir",
-        workdir,
-        "--heartbeat",
-        "0.5",
-        *extra,
-    ]
-    log = open(os.path.join(workdir, "agent.log"), "ab")  # noqa: SIM115 - the process owns it
-    try:
-        return subprocess.Popen(argv, stdout=log, stderr=log, env={**os.environ, **(env or {})})
-    finally:
-        log.close()
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 async def wait_for_node(c: Controller, name: str, timeout: float = 20.0) -> None:

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.agents import start_agent
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(150)]
 
-REPO = Path(__file__).resolve().parents[2]
 SIZES_MIB = {"blob_a": 1536, "blob_b": 1024}  # real bytes restored (bfloat16 parameters)
 TENSORS = {"blob_a": 8, "blob_b": 4}  # blob's forward: x + 8 * tensors
 SLACK_MIB = 256  # NVML used memory beyond the weights (allocator blocks, the call's tensors)
@@ -72,32 +72,8 @@ def _config(n_gpus: int, gpu_total_mib: int) -> dict[str, Any]:
 
 def _start_agent(addr: str, workdir: Path) -> subprocess.Popen[bytes]:
     cpus = "0-1" if len(os.sched_getaffinity(0)) >= 2 else "0"
-    argv = [
-        sys.executable,
-        "-m",
-        "agent",
-        "--controller",
-        addr,
-        "--name",
-        "n1",
-        "--workdir",
-        str(workdir),
-        "--executor",
-        "process",
-        "--cpus",
-        cpus,
-        "--heartbeat",
-        "0.5",
-        "--log-level",
-        "INFO",
-    ]
-    env = {
-        **os.environ,
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
-    with open(workdir / "agent.log", "ab") as log:  # the child keeps its own descriptor
-        return subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=str(REPO))
+    flags = ("--executor", "process", "--cpus", cpus, "--log-level", "INFO")
+    return start_agent(addr, str(workdir), *flags, env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -13,20 +13,18 @@ it loaded nothing.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.agents import start_agent
 
 from tangram import journal as jr
 
 pytestmark = pytest.mark.timeout(120)
 
-REPO = Path(__file__).resolve().parents[2]
 RESTORE_S = 1.0  # each service's emulated restore (setup_s), as the core is told (load_s)
 
 
@@ -51,15 +49,8 @@ CONFIG = {
 
 
 def _start_agent(addr: str, workdir: Path) -> subprocess.Popen[bytes]:
-    argv = [
-        sys.executable,
-        "-m",
-        "agent",
-        "--controller",
+    return start_agent(
         addr,
-        "--name",
-        "n1",
-        "--workdir",
         str(workdir),
         "--executor",
         "process",
@@ -69,14 +60,9 @@ def _start_agent(addr: str, workdir: Path) -> subprocess.Popen[bytes]:
         "3",
         "--gpu-memory",
         "16GiB",
-        "--heartbeat",
-        "0.5",
         "--log-level",
         "INFO",
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with open(workdir / "agent.log", "ab") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=str(REPO))
+    )
 
 
 async def _until(what: str, check: Any, within_s: float, log: Path) -> None:
