@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from agent.config import EXECUTORS, AgentConfig, parse_mib
+from tangram.errors import ConfigError
 
 
 def parser() -> argparse.ArgumentParser:
@@ -69,8 +70,6 @@ def overrides(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tangram.errors import ConfigError
-
     ns = parser().parse_args(argv)
     try:
         cfg = AgentConfig.load(ns.config, **overrides(ns))
@@ -79,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         if exc.hint:
             print(f"To fix: {exc.hint}", file=sys.stderr)
         return 2
+    # start-up cost: --help and bad flags are answered without loading pyzmq and the executors
     from agent.link import main as run
 
     return run(cfg)

@@ -76,6 +76,10 @@ class AgentConfig:
     # space of each (0: no limit; the agent refuses to start where dockerd cannot enforce it)
     docker_user: str = "65534:65534"
     sandbox_disk_mib: int = 1024
+    # Warm sandbox pools (Docker; agent.executors.docker_pool): at most this many created, idle sandboxes
+    # over all shapes, whatever the controller asks (0: no pools), made `pool_concurrency` at a time
+    pool_max: int = 64
+    pool_concurrency: int = 1
     emulated_gpus: int = 0  # > 0: that many emulated GPUs instead of NVML discovery
     gpu_mem_mib: int = 16 * 1024  # memory of each emulated GPU
     restore_bandwidth_gbps: float = 25.0  # emulated restore bandwidth, GB/s
@@ -101,14 +105,34 @@ class AgentConfig:
     # CURVE: {"controller_public": PATH|Z85, "secret": PATH|Z85, "public": PATH|Z85 (optional)}.
     # PATHs are ZeroMQ certificate files (`tangram up` ships agent.key_secret + controller.key).
     curve: dict[str, str] | None = None
+    # The fields this config was given (by `given`, or the keys of the file `from_dict` read), in that
+    # order: what `to_json` writes; the agent's defaults and probes fill in the rest. Not a key of the file.
+    fields_set: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------ loading
+
+    @classmethod
+    def given(cls, **values: Any) -> AgentConfig:
+        """A config of these fields alone, as `tangram up` builds it for a node; not checked here: the
+        agent checks its file where it runs (its key files, cores and host name are there)."""
+        cfg = cls(**values)
+        cfg.fields_set = tuple(values)
+        return cfg
+
+    def with_values(self, **values: Any) -> AgentConfig:
+        """The fields set here with ``values`` set too (a new one goes last)."""
+        return self.given(**{**{k: getattr(self, k) for k in self.fields_set}, **values})
+
+    def to_json(self) -> str:
+        """``agent.json``: the fields set (every field when none was), indented, with a final newline."""
+        keys = self.fields_set or tuple(f.name for f in dataclasses.fields(self) if f.init)
+        return json.dumps({k: getattr(self, k) for k in keys}, indent=2) + "\n"
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "config") -> AgentConfig:
         if not isinstance(raw, dict):
             raise ConfigError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ConfigError(f"{where}: unknown keys {unknown}",
@@ -124,6 +148,7 @@ class AgentConfig:
             if values.get(key) is not None:
                 values[key] = parse_mib(values[key], key)
         cfg = cls(**values)
+        cfg.fields_set = tuple(values)
         cfg.validate()
         return cfg
 
@@ -217,6 +242,8 @@ class AgentConfig:
         if self.sandbox_mem_mib is not None:
             _int(self, "sandbox_mem_mib", 1, 1 << 40)
         _int(self, "sandbox_disk_mib", 0, 1 << 40)
+        _int(self, "pool_max", 0, 1 << 16)
+        _int(self, "pool_concurrency", 1, 64)
         user = self.docker_user
         if not isinstance(user, str) or not re.match(r"^[0-9]{1,10}:[0-9]{1,10}$", user):
             raise ConfigError(f"docker_user: expected 'uid:gid' numbers, got {self.docker_user!r}",
@@ -286,7 +313,7 @@ class AgentConfig:
         return os.path.join(self.workdir, "agent.pid")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "fields_set"}
 
 
 def is_loopback_host(host: str) -> bool:

@@ -10,8 +10,8 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 
 from tangram import protocol as p
-from tangram.outcomes import CallOutcome
 from tangram.errors import BadRequest, Cancelled, NodeLost, RemoteError
+from tangram.outcomes import CallOutcome
 
 from .support import gpu_chunk
 
@@ -38,7 +38,7 @@ class GpuRequests:
         return self.gpu
 
     async def _prepare(self, msg: p.Prepare, blobs: tuple[bytes, ...]) -> Reply:
-        from agent.gpu.base import ServiceSpec
+        from agent.gpu.base import ServiceSpec  # GPU modules load on the GPU path only (node.py)
 
         host = self._gpu_host()
         try:

@@ -33,6 +33,7 @@ from typing import Any
 
 import zmq
 
+from agent.executors.base import SandboxSpec, check_name
 from tangram import protocol as p
 from tangram.certs import KeyRefused
 from tangram.errors import (
@@ -58,6 +59,7 @@ from .node import (  # noqa: F401 - agent.link.main is the entry point tangram_c
     setup_logging,
     write_pidfile,
 )
+from .pool_requests import PoolRequests
 from .replies import ReplySender
 from .support import (  # noqa: F401 - part of agent.link's interface (tests)
     Backoff,
@@ -100,7 +102,7 @@ class _Running:
     killed: bool = False
 
 
-class Agent(GpuRequests, ReplySender):
+class Agent(GpuRequests, ReplySender, PoolRequests):
     """One agent: ``await Agent(cfg, executor, facts=...).run()`` returns the process exit code."""
 
     def __init__(self, cfg: AgentConfig, executor: Any, *, facts: dict[str, Any], gpu_host: Any = None,
@@ -110,6 +112,7 @@ class Agent(GpuRequests, ReplySender):
         self.gpu = gpu_host
         self.facts = facts
         self.cpus = set(cpus if cpus is not None else facts.get("cpus", []))
+        self._setup_pool()
         self.controller_epoch = 0
         self.agent_epoch = 0
         self.heartbeat_s = cfg.heartbeat_s
@@ -131,17 +134,18 @@ class Agent(GpuRequests, ReplySender):
         self._curve = cfg.curve_keys()  # tangram.certs.CurveKeys or None (plain TCP, loopback only)
         self._monitor: zmq.Socket | None = None  # the session socket's handshake events (refused keys)
         self._handlers: dict[type[p.Message], Handler] = {
-            p.CreateSandbox: self._create_sandbox,
+            p.CreateSandbox: self._create_announced,
             p.DestroySandbox: self._destroy_sandbox,
             p.PutFile: self._put_file,
             p.GetFile: self._get_file,
             p.Cpuset: self._cpuset,
-            p.Spawn: self._spawn,
+            p.Spawn: self._spawn_after_create,
             p.Kill: self._kill,
             p.Prepare: self._prepare,
             p.Load: self._load,
             p.Evict: self._evict,
             p.Invoke: self._invoke,
+            p.SandboxPool: self._sandbox_pool,
         }
 
     # ------------------------------------------------------------ lifecycle
@@ -203,7 +207,7 @@ class Agent(GpuRequests, ReplySender):
         for raw in self.cfg.services:
             if self.gpu is None:
                 raise AgentExit(EXIT_CONFIG, "services are configured but this agent has no GPUs")
-            from agent.gpu.base import ServiceSpec
+            from agent.gpu.base import ServiceSpec  # GPU modules load on the GPU path only (node.py)
 
             name = raw["name"]
             try:
@@ -234,7 +238,8 @@ class Agent(GpuRequests, ReplySender):
         wire = Wire(self._socket(ctx), self._on_frames)
         try:
             hello = p.Hello(role="agent", name=self.cfg.name, major=p.PROTOCOL_MAJOR, minor=p.PROTOCOL_MINOR,
-                            facts=self.facts, bundle="", sandboxes=await self._sandbox_names(),
+                            facts=self._hello_facts(self.facts), bundle="",
+                            sandboxes=await self._sandbox_names(),
                             actions=[{"action": r.action, "attempt": r.attempt, "kind": r.kind}
                                      for r in self._running.values()])
             t_hello = time.monotonic()
@@ -381,6 +386,7 @@ class Agent(GpuRequests, ReplySender):
         await self._cancel_requests(grace)
         if destroy:
             await self._destroy_all()
+            await self._drain_pool()
         self._flush_outbox(wire)
         if self._welcomed or rid:
             self._send_on(wire, p.encode(p.Bye(reason=reason[:1000]), rid))
@@ -417,7 +423,7 @@ class Agent(GpuRequests, ReplySender):
     # ------------------------------------------------------------ sending
 
     def _load_summary(self) -> dict[str, Any]:
-        return {"running": len(self._running), "requests": len(self._tasks)}
+        return {"running": len(self._running), "requests": len(self._tasks), **self._pool_load()}
 
     # ------------------------------------------------------------ requests
 
@@ -442,10 +448,11 @@ class Agent(GpuRequests, ReplySender):
             raise BadRequest(f"stale dispatch: agent epoch {agent_epoch}, current {self.agent_epoch}")
 
     async def _create_sandbox(self, msg: p.CreateSandbox, blobs: tuple[bytes, ...]) -> Reply:
-        from agent.executors.base import SandboxSpec, check_name
-
         check_name("sandbox", msg.sandbox)
         spec = SandboxSpec(msg.sandbox, msg.image or self.cfg.image, msg.mem_mib, dict(msg.labels))
+        if self._claim(spec):  # a warm one from the pool: no image check, no container to make
+            log.info("sandbox %s claimed from the pool (%s, %d MiB)", msg.sandbox, spec.image, spec.mem_mib)
+            return p.Result({"pooled": True}), []
         client = getattr(self.executor, "client", None)
         if client is not None and hasattr(client, "images"):  # docker: never pull, only local images
             await asyncio.to_thread(_require_local_image, client, spec.image, self.cfg.name)
@@ -460,8 +467,6 @@ class Agent(GpuRequests, ReplySender):
         return p.Result({}), []
 
     async def _destroy_sandbox(self, msg: p.DestroySandbox, blobs: tuple[bytes, ...]) -> Reply:
-        from agent.executors.base import check_name
-
         check_name("sandbox", msg.sandbox)
         await self.executor.destroy_sandbox(msg.sandbox)
         log.info("sandbox %s destroyed", msg.sandbox)

@@ -9,6 +9,10 @@ import os
 from typing import Any
 
 import tangram
+from agent.executors.base import format_cpuset
+from agent.executors.process import ProcessExecutor
+from agent.probe import probe
+from tangram import logfmt
 from tangram.errors import ConfigError
 
 from .config import AgentConfig
@@ -19,8 +23,6 @@ EXIT_CONFIG = 2
 
 def setup_logging(cfg: AgentConfig) -> None:
     """The one log format (tangram/logfmt.py): ``log_format``, else $TANGRAM_LOG_FORMAT, else text."""
-    from tangram import logfmt
-
     logfmt.configure("agent", node=cfg.name, fmt=cfg.log_format or None, level=cfg.log_level,
                      path=cfg.log_file or None)
     own = logging.getLogger("agent")  # an earlier setup gave it a handler of its own
@@ -88,8 +90,6 @@ def build_facts(cfg: AgentConfig, machine: Any, cpus: list[int], idle: list[int]
 
 
 def build_executor(cfg: AgentConfig, docker_ok: bool, idle: list[int]) -> tuple[Any, str]:
-    from agent.executors.base import format_cpuset
-
     kind = cfg.executor
     if kind == "auto":
         kind = "docker" if docker_ok else "process"
@@ -97,6 +97,7 @@ def build_executor(cfg: AgentConfig, docker_ok: bool, idle: list[int]) -> tuple[
         if not docker_ok:
             raise ConfigError("executor docker: no dockerd answers",
                               hint="start dockerd (or set DOCKER_HOST), or use --executor process")
+        # docker-py is optional on a node: only the docker executor loads it (and these modules need it)
         import docker
 
         from agent.executors.docker import DockerExecutor
@@ -108,8 +109,8 @@ def build_executor(cfg: AgentConfig, docker_ok: bool, idle: list[int]) -> tuple[
         return DockerExecutor(client, cfg.cluster, format_cpuset(idle), cfg.image, mode=cfg.docker_mode,
                               node=cfg.name, user=cfg.docker_user, mem_mib=cfg.default_sandbox_mem(),
                               disk_mib=cfg.sandbox_disk_mib, workdir=cfg.workdir,
-                              cluster_id=cfg.cluster_id), kind
-    from agent.executors.process import ProcessExecutor
+                              cluster_id=cfg.cluster_id, pool_max=cfg.pool_max,
+                              pool_concurrency=cfg.pool_concurrency), kind
 
     return ProcessExecutor(os.path.join(cfg.workdir, "sandboxes"), format_cpuset(idle), cluster=cfg.cluster,
                            node=cfg.name, trusted_code_only=cfg.trusted_code_only,
@@ -119,7 +120,7 @@ def build_executor(cfg: AgentConfig, docker_ok: bool, idle: list[int]) -> tuple[
 
 def build_gpu_host(cfg: AgentConfig, machine: Any) -> tuple[Any, list[Any]]:
     """(GpuHost or None, GpuInfo list): emulated devices when asked, else NVML's, else none."""
-    try:
+    try:  # the GPU modules load here only: if they fail to import, the node still serves CPU work
         from agent.gpu.base import GpuInfo, emulated_gpus
         from agent.gpu.emulated import EmulatedConfig
         from agent.gpu.host import GpuHost
@@ -132,7 +133,7 @@ def build_gpu_host(cfg: AgentConfig, machine: Any) -> tuple[Any, list[Any]]:
         return GpuHost(gpus, runtimes), gpus
     if not machine.gpus:
         return None, []
-    from agent.gpu.nvml import device_memory
+    from agent.gpu.nvml import device_memory  # the GPU modules, as above
     from agent.gpu.runtimes import default_runtimes
 
     gpus = [GpuInfo(index=g["index"], uuid=g["uuid"], name=g["name"], memory_total_mib=g["memory_total_mib"],
@@ -146,8 +147,6 @@ def build_gpu_host(cfg: AgentConfig, machine: Any) -> tuple[Any, list[Any]]:
 
 async def run_agent(cfg: AgentConfig) -> int:
     """Probe, build the executor and GPU host, write the pidfile, run until stopped."""
-    from agent.probe import probe
-
     machine = await asyncio.to_thread(probe, cfg.executor != "process", cfg.emulated_gpus == 0)
     cpus, idle = cfg.resolve_cpus(machine.online)
     executor, kind = await asyncio.to_thread(build_executor, cfg, machine.docker, idle)
@@ -155,7 +154,7 @@ async def run_agent(cfg: AgentConfig) -> int:
     facts = build_facts(cfg, machine, cpus, idle, kind, gpus)
     log.info("agent %s: executor %s, cpus %s, idle %s, %d MiB, %d GPUs, controller %s", cfg.name, kind, cpus,
              idle, facts["mem_mib"], len(gpus), cfg.controller)
-    from .link import Agent
+    from .link import Agent  # an import cycle: link imports this module
 
     agent = Agent(cfg, executor, facts=facts, gpu_host=gpu_host, cpus=cpus)
     pidfile = cfg.pidfile()
@@ -192,7 +191,7 @@ def main(cfg: AgentConfig) -> int:
         log.error("%s%s", exc.message, f" (to fix: {exc.hint})" if exc.hint else "")
         return EXIT_CONFIG
     except Exception as exc:
-        from .link import AgentExit
+        from .link import AgentExit  # an import cycle: link imports this module
 
         if not isinstance(exc, AgentExit):
             raise

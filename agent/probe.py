@@ -141,7 +141,7 @@ def cgroup_version(root: str = "/") -> str:
 def docker_reachable(timeout_s: float = 2.0) -> bool:
     """True when a dockerd answers ``ping`` (``$DOCKER_HOST`` or the default socket) within the timeout."""
     try:
-        import docker
+        import docker  # optional on a node (only the docker executor needs it)
     except ImportError:
         return False
     client = None
@@ -164,7 +164,7 @@ def docker_reachable(timeout_s: float = 2.0) -> bool:
 
 def nvml_gpus() -> list[dict[str, Any]]:
     """GPUs from ``agent.gpu.nvml.discover()`` (as dicts); [] without the library, driver or devices."""
-    try:
+    try:  # GPU modules load on the GPU path only (node.py)
         from agent.gpu import nvml
     except Exception:  # noqa: BLE001 - module absent or broken: no GPUs
         return []

@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.executors.base import ExecutorError, PathRejected, SandboxNotFound, TooLarge
 from tangram import protocol as p
 from tangram.errors import (
     ActionTimeout,
@@ -92,8 +93,6 @@ def error_reply(exc: BaseException) -> p.Error:
 
 
 def to_tangram_error(exc: BaseException) -> BaseException:
-    from agent.executors.base import ExecutorError, PathRejected, SandboxNotFound, TooLarge
-
     if isinstance(exc, TangramError):
         return exc
     if isinstance(exc, SandboxNotFound):
@@ -116,7 +115,7 @@ def to_tangram_error(exc: BaseException) -> BaseException:
 
 
 def _gpu_error(exc: BaseException) -> TangramError | None:
-    try:
+    try:  # GPU modules load on the GPU path only (node.py): without them, no GPU error is possible
         from agent.gpu import base as g
     except Exception:  # noqa: BLE001
         return None
@@ -148,7 +147,7 @@ def _docker_error(exc: BaseException) -> TangramError | None:
 
 
 def _require_local_image(client: Any, image: str, node: str) -> None:
-    import docker.errors
+    import docker.errors  # docker-py is optional on a node: only the docker executor calls this
 
     try:
         client.images.get(image)

@@ -24,7 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
+from tangram import protocol as p
+from tangram.certs import HandshakeWatch, handshake_events
 from tangram.sockio import SocketReader, send_frames
 
 ZERO_COPY_MIN = 1 << 16  # pyzmq: copying is cheaper than a zero-copy frame below about 64 KiB
@@ -84,9 +87,6 @@ def agent_socket(ctx: zmq.Context, cfg: Any, curve: Any, liveness: int) -> tuple
     """The agent's DEALER to ``cfg.controller`` (connected) and its monitor of handshake events (made
     before the connect, so no refusal is missed). ``curve``: the agent's CURVE keys, or None; libzmq drops
     the link after ``liveness`` heartbeats of silence."""
-    from tangram import protocol as p
-    from tangram.certs import handshake_events
-
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, cfg.name.encode())
     sock.setsockopt(zmq.LINGER, 0)
@@ -113,10 +113,6 @@ def agent_socket(ctx: zmq.Context, cfg: Any, curve: Any, liveness: int) -> tuple
 
 def handshake_refusal(monitor: zmq.Socket | None, cfg: Any, curve: Any) -> Any:
     """A refused handshake (`tangram.certs.KeyRefused`) among the events ``monitor`` holds, else None."""
-    from zmq.utils.monitor import parse_monitor_message
-
-    from tangram.certs import HandshakeWatch
-
     watch = HandshakeWatch(cfg.controller, "agent", curve, cfg.name)
     found = None
     while monitor is not None:

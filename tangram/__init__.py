@@ -5,6 +5,8 @@ and its errors. The public names load lazily (PEP 562), so `import tangram` stay
 """
 from __future__ import annotations
 
+import importlib
+
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -20,6 +22,5 @@ def __getattr__(name: str) -> object:
         if name in getattr(errors, "__all__", ()):
             return getattr(errors, name)
         raise AttributeError(f"module 'tangram' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(module), name)

@@ -22,10 +22,15 @@ events (``EVENT_HANDSHAKE_FAILED_AUTH``: the controller's ZAP handler said no;
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
 
+import zmq
+import zmq.utils.z85
+
+from tangram.discovery import find_certs
 from tangram.errors import ConfigError, ControllerUnreachable
 
 Z85_KEY_LEN = 40
@@ -41,8 +46,6 @@ class CurveKeys:
 
     def apply(self, sock: Any) -> None:
         """Make ``sock`` a CURVE client of the controller (call before ``connect``)."""
-        import zmq
-
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
         sock.setsockopt(zmq.CURVE_SERVERKEY, self.server)
@@ -85,8 +88,6 @@ def public_key(spec: str) -> bytes:
 
 def keypair(secret_spec: str, public_spec: str | None = None) -> tuple[bytes, bytes]:
     """(public, secret) from a secret certificate file (or a Z85 secret plus an optional public key)."""
-    import zmq
-
     if _is_z85(secret_spec):
         secret = secret_spec.encode()
         public = None
@@ -126,7 +127,6 @@ def client_keys(addr: str, certs: str | CurveKeys | None, role: str = "client") 
     env = os.environ.get("TANGRAM_CERTS")
     if env:
         return load_dir(env, role)
-    from tangram.discovery import find_certs
 
     found = find_certs(addr)
     return load_dir(found, role) if found else None
@@ -134,10 +134,6 @@ def client_keys(addr: str, certs: str | CurveKeys | None, role: str = "client") 
 
 def fingerprint(public: bytes) -> str:
     """A short, stable name for a public key (Z85): the first 16 hex digits of SHA-256 of its 32 bytes."""
-    import hashlib
-
-    import zmq.utils.z85
-
     return hashlib.sha256(zmq.utils.z85.decode(public)).hexdigest()[:16]
 
 
@@ -154,8 +150,6 @@ class KeyRefused(ControllerUnreachable):
 
 def handshake_events() -> int:
     """The monitor events ``HandshakeWatch`` reads (OR them into a monitor's event mask)."""
-    import zmq
-
     return int(
         zmq.EVENT_HANDSHAKE_SUCCEEDED
         | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -186,8 +180,6 @@ class HandshakeWatch:
         self.refused: KeyRefused | None = None
 
     def seen(self, event: int, value: int) -> KeyRefused | None:
-        import zmq
-
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.failed_no_detail = 0
             return None
@@ -237,8 +229,6 @@ class HandshakeWatch:
         )
 
     def _protocol(self, value: int) -> KeyRefused:
-        import zmq
-
         if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
             if self.curve is None:
                 return KeyRefused(

@@ -33,7 +33,6 @@ errors (a bad inventory, a failed `tangram up`) subclass these in tangram_cli/er
      |
      +-- ConfigError                  exit 2   bad configuration value
      |                                         (InventoryError: tangram_cli/errors.py)
-     +-- PartialFailure               exit 3   some nodes or items failed, the rest succeeded
      +-- ClusterNotFound              exit 4   no cluster state / TANGRAM_ADDR
      +-- ControllerUnreachable        exit 4   retryable
                                       (BootstrapError and its kinds: tangram_cli/errors.py)
@@ -62,7 +61,6 @@ __all__ = [
     "NonZeroExit",
     "NotPermitted",
     "OverCap",
-    "PartialFailure",
     "ProtocolError",
     "ProtocolErrorKind",
     "QuotaExceeded",
@@ -76,7 +74,7 @@ __all__ = [
     "error_from_code",
 ]
 
-EXIT_FAIL, EXIT_USAGE, EXIT_PARTIAL, EXIT_NO_CLUSTER = 1, 2, 3, 4
+EXIT_FAIL, EXIT_USAGE, EXIT_NO_CLUSTER = 1, 2, 4  # 3: a partial `tangram up` (tangram_cli/main.py)
 
 
 class ErrorCode(str, enum.Enum):  # noqa: UP042 (StrEnum needs 3.11; we support 3.10)
@@ -312,23 +310,6 @@ class UnitError(BadRequest, ConfigError, ValueError):
         self.value = value
         self.what = what
         self.forms = forms
-
-
-class PartialFailure(TangramError):
-    """Some items failed and the rest succeeded; `failures` maps item name to its error."""
-
-    exit_code = EXIT_PARTIAL
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        failures: dict[str, TangramError] | None = None,
-        hint: str | None = None,
-        detail: str | None = None,
-    ) -> None:
-        super().__init__(message, hint=hint, detail=detail)
-        self.failures = dict(failures or {})
 
 
 class ClusterNotFound(TangramError):

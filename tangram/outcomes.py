@@ -3,7 +3,7 @@
 `Result.body` stays a free-form map on the wire (so minor versions can add keys), but nobody
 reads or writes its keys by hand: the agent builds an `ExecOutcome` / `CallOutcome` and sends
 `to_body()`; the controller reads it back with `from_body()`, adds what only it knows
-(queueing, overhead, the grant) with `dataclasses.replace`, and sends `to_body()` again; the
+(queueing, overhead, the grant) as `to_body(**fields)` and sends that on; the
 client turns `from_body()` into its `ExecResult` / `CallResult`. Keys a peer leaves out take
 the field's default; keys a newer peer adds are ignored; a key of the wrong type is a
 `ProtocolError` naming it (`from_body` never guesses).
@@ -48,13 +48,21 @@ _CHECKS: dict[str, Callable[[object], bool]] = {  # by the field's annotation
 
 class _Outcome:
     _kinds: ClassVar[dict[str, str]]
+    _lists: ClassVar[tuple[str, ...]]  # the fields that travel as lists
 
-    def to_body(self) -> dict[str, Any]:
-        """The `Result.body` map for this outcome (tuples become lists)."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            v = getattr(self, f.name)
-            out[f.name] = list(v) if isinstance(v, tuple) else v
+    def to_body(self, **extra: Any) -> dict[str, Any]:
+        """The `Result.body` map for this outcome (tuples become lists), with the fields named
+        in `extra` set to its values: the controller adds what only it knows this way, without
+        building a second outcome (a field name that does not exist is a TypeError)."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in self._kinds}
+        if extra:
+            if not extra.keys() <= out.keys():
+                raise TypeError(f"{type(self).__name__} has no field(s) {sorted(extra.keys() - out.keys())}")
+            out.update(extra)
+        for name in self._lists:
+            v = out[name]
+            if isinstance(v, tuple):
+                out[name] = list(v)
         return out
 
     @classmethod
@@ -80,6 +88,7 @@ class _Outcome:
 
 def _kinds(cls: type) -> type:
     cls._kinds = {f.name: str(f.type) for f in dataclasses.fields(cls)}  # type: ignore[attr-defined]
+    cls._lists = tuple(n for n, k in cls._kinds.items() if k.startswith("tuple"))  # type: ignore[attr-defined]
     return cls
 
 

@@ -110,6 +110,7 @@ from tangram.wire_messages import (
     Result,
     SandboxClose,
     SandboxOpen,
+    SandboxPool,
     Seconds,
     Shutdown,
     Spawn,
@@ -195,6 +196,7 @@ __all__ = [
     "Result",
     "SandboxClose",
     "SandboxOpen",
+    "SandboxPool",
     "Seconds",
     "Shutdown",
     "Spawn",
@@ -416,8 +418,23 @@ class BadItem:
     error: ProtocolError
 
 
-def _msgpack_int(value: int) -> bytes:
-    return msgpack.packb(value)  # type: ignore[no-any-return]
+def _msgpack_uint(value: int) -> bytes:
+    """msgpack's shortest form of an unsigned int (what `msgpack.packb` writes), without a call
+    into it: a batch writes two or three per item."""
+    if value < 0x80:
+        return bytes((value,))
+    if value < 0x100:
+        return b"\xcc" + bytes((value,))
+    if value < 0x10000:
+        return b"\xcd" + value.to_bytes(2, "big")
+    if value < 0x100000000:
+        return b"\xce" + value.to_bytes(4, "big")
+    return b"\xcf" + value.to_bytes(8, "big")
+
+
+def _msgpack_uints(values: Sequence[int]) -> bytes:
+    """A short msgpack list of unsigned ints (at most `MAX_BLOBS` < 16: a fixarray)."""
+    return bytes((0x90 | len(values),)) + b"".join(_msgpack_uint(v) for v in values)
 
 
 def batch_frames(items: Sequence[Sequence[bytes]], token: bytes = b"") -> list[bytes]:
@@ -429,10 +446,8 @@ def batch_frames(items: Sequence[Sequence[bytes]], token: bytes = b"") -> list[b
     blobs: list[bytes] = []
     for frames in items:
         rid = int.from_bytes(frames[2][: _HEADER.size], "big")
-        sizes = [len(b) for b in frames[4:]]
-        parts.append(
-            b"\x94" + _msgpack_int(frames[1][0]) + _msgpack_int(rid) + frames[3] + msgpack.packb(sizes)
-        )
+        sizes = _msgpack_uints([len(b) for b in frames[4:]]) if len(frames) > 4 else b"\x90"
+        parts.append(b"\x94" + _msgpack_uint(frames[1][0]) + _msgpack_uint(rid) + frames[3] + sizes)
         blobs.extend(frames[4:])
     return [TAG, _BATCH_KIND, _HEADER.pack(0) + token, b"".join(parts), b"".join(blobs)]
 

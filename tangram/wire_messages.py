@@ -112,6 +112,8 @@ class Hello(Message):
     bundle: Annotated[str, Str(128)] = ""
     sandboxes: Annotated[list[Id], Items(MAX_ITEMS)] = field(default_factory=list)
     actions: Annotated[list[FreeMap], Items(MAX_ITEMS)] = field(default_factory=list)
+    # a client's RL job (docs/client.md, "Jobs"; "": the default job); older controllers ignore it
+    job: Annotated[str, Str(64, f"(?:{ID_PATTERN})?", "job name")] = ""
 
 
 @_register(0x02, "WELCOME")
@@ -429,6 +431,19 @@ class Invoke(Message):
 @dataclass(frozen=True)
 class Shutdown(Message):
     reason: Text = ""
+
+
+@_register(0x4C, "SANDBOX_POOL")
+@dataclass(frozen=True)
+class SandboxPool(Message):
+    """Keep `count` created, idle sandboxes of one shape (`image`, `mem_mib` as a `CreateSandbox`
+    names them) ready for `CreateSandbox` to claim; 0 removes the pool. Sent only to agents whose
+    Hello facts list `pool` (docs/protocol.md, "Warm sandbox pools")."""
+
+    _required = ("count",)
+    count: Count
+    image: Image = ""
+    mem_mib: Count = 0
 
 
 # Status socket ------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -28,7 +29,12 @@ from collections import Counter
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.table import Table
 
+import tangram
+from tangram import protocol
+from tangram.errors import TangramError
 from tangram_cli.bench_agents import start_bench_agents
 from tangram_cli.bench_goals import at_least, at_most, styled, summary
 from tangram_cli.bench_procs import (
@@ -54,12 +60,20 @@ GOALS = {
 class FinalCounter:
     """Counts final replies (`Result`/`Error`) per request id as they arrive, duplicates
     included, by wrapping the client transport's message handler; reports the requests the
-    transport resent after a reconnect or restart (`Transport.resent`)."""
+    transport resent after a reconnect or restart (`Transport.resent`).
+
+    A request the transport resent (its controller restarted or its connection changed) may be
+    answered twice: once by the old connection, once by the reply cache of the controller that
+    got the copy. The second final is then byte for byte the first (a replay: the library keeps
+    the first and drops the other as a stray) and is counted in `replays`, not as a duplicate.
+    A second final for a request that was never resent, or one that differs from the first,
+    is a duplicate (`finals` keeps every final; `duplicates` only those)."""
 
     def __init__(self, transport: Any) -> None:
-        from tangram import protocol
-
         self.finals: dict[int, int] = {}
+        self.replays: dict[int, int] = {}  # request id -> identical finals after a resend
+        self._first: dict[int, bytes] = {}  # request id -> digest of its first final
+        self._resent: set[int] = set()
         self.unknown = 0
         self.transport = transport  # its `resent`: requests sent again after a reconnect or restart
         self.rewelcomes = 0
@@ -76,16 +90,13 @@ class FinalCounter:
 
         def counted_envelope(env: Any) -> None:  # each message, the items of a batch one by one
             if env.type in self._final_types:
-                rid = env.request_id
-                if rid in self.finals:
-                    self.finals[rid] += 1
-                else:
-                    self.unknown += 1
+                self._count(env)
             on_envelope(env)
 
         def counted_welcome(msg: Any) -> None:
             if transport._welcome is not None and transport._welcome.done():
                 self.rewelcomes += 1
+            self._resent.update(transport._pending)  # what a resend after this Welcome may send again
             on_welcome(msg)
 
         transport.request, transport._on_envelope, transport._on_welcome = (
@@ -93,6 +104,29 @@ class FinalCounter:
             counted_envelope,
             counted_welcome,
         )
+        resend = getattr(transport, "_resend", None)
+        if resend is not None:  # a reconnect resends too (no Welcome)
+
+            def noted_resend(*args: Any, **kwargs: Any) -> Any:
+                self._resent.update(transport._pending)
+                return resend(*args, **kwargs)
+
+            transport._resend = noted_resend
+
+    def _count(self, env: Any) -> None:
+        rid = env.request_id
+        if rid not in self.finals:
+            self.unknown += 1
+            return
+        self.finals[rid] += 1
+        digest = hashlib.blake2b(repr((env.type, env.msg, env.blobs)).encode(), digest_size=16).digest()
+        first = self._first.setdefault(rid, digest)
+        if self.finals[rid] > 1 and rid in self._resent and digest == first:
+            self.replays[rid] = self.replays.get(rid, 0) + 1
+
+    def duplicates(self, rid: int) -> int:
+        """Finals for `rid` beyond the first that are not replays of it."""
+        return max(0, self.finals.get(rid, 0) - 1 - self.replays.get(rid, 0))
 
     def summary(self) -> dict[str, Any]:
         if not self.ok:
@@ -104,6 +138,7 @@ class FinalCounter:
             "answered_once": by.get(1, 0),
             "unanswered": by.get(0, 0),
             "answered_twice_or_more": sum(n for k, n in by.items() if k > 1),
+            "replayed_after_resend": sum(self.replays.values()),
             "finals_for_unknown_ids": self.unknown,
             "resent_after_reconnect": getattr(self.transport, "resent", 0),
             "rewelcomes": self.rewelcomes,
@@ -115,9 +150,6 @@ class FinalCounter:
 
 async def _client(addr: str, name: str, actions: int, sandboxes: int, exec_timeout: float) -> dict[str, Any]:
     """One client: set up, print `ready`, wait for `go` on stdin, burst, return the report."""
-    import tangram
-    from tangram.errors import TangramError
-
     out: dict[str, Any] = {"name": name, "actions": actions}
     async with tangram.AsyncClient(addr, name=name, connect_timeout=60) as tg:
         counter = FinalCounter(tg._transport)
@@ -386,9 +418,6 @@ def _rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def _print(doc: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     if "error" in doc and "completed" not in doc:
         console.print(f"burst failed: {doc['error']}", markup=False, highlight=False)

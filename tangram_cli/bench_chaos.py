@@ -35,8 +35,11 @@ from collections import Counter
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from tangram_cli.bench_chaos_cluster import (
+    NODE,
     ChaosCluster,
     LoadClient,
     drain,
@@ -46,8 +49,10 @@ from tangram_cli.bench_chaos_cluster import (
     quit_clients,
     wait_until,
 )
+from tangram_cli.bench_dispatch import _docker_url
 from tangram_cli.bench_goals import styled, summary
 from tangram_cli.bench_procs import Procs, bench_workdir, logs_and_json, pct, wait_nodes
+from tangram_cli.bootstrap.local import ensure_hostroot
 
 KINDS = ("agent", "controller", "client", "agent-restart")
 RECOVER_GOAL_S = {"controller": 5.0, "agent": 3.0, "agent-restart": 3.0}
@@ -268,6 +273,8 @@ def _detail(raw: dict[str, Any], reports: list[dict[str, Any]], late: int) -> di
         "duplicate_finals": sum(r["duplicate_finals"] for r in reports),
         "duplicate_final_ops": [o for r in reports for o in r.get("duplicate_final_ops", [])][:10],
         "late_duplicate_finals": late,
+        "replayed_finals": sum(r.get("replayed_finals", 0) for r in reports),
+        "replayed_final_ops": [o for r in reports for o in r.get("replayed_final_ops", [])][:10],
         "ran_twice_or_more": [t for r in reports for t in r["evidence"]["ran_twice_or_more"]],
         "evidence": _evidence(reports),
         "leftover_processes": left["processes"],
@@ -336,11 +343,8 @@ def _sigterm_as_interrupt() -> Any:
 
 def _docker_problem() -> str | None:
     """Why the Docker executor cannot run here (None: it can; the sandbox image is imported)."""
-    from tangram_cli.bench_dispatch import _docker_url
-
     if _docker_url() is None:
         return "no Docker daemon answers (set DOCKER_HOST)"
-    from tangram_cli.bootstrap.local import ensure_hostroot
 
     try:
         ensure_hostroot()
@@ -350,8 +354,6 @@ def _docker_problem() -> str | None:
 
 
 def _start(c: ChaosCluster) -> None:
-    from tangram_cli.bench_chaos_cluster import NODE
-
     ctl = c.start_controller()
     agent = c.start_agent()
     wait_nodes(ctl.status_addr, [NODE], [agent], 60)
@@ -438,6 +440,7 @@ ROWS: list[tuple[str, str, Any]] = [
     ("ok/requests", "", lambda k, f: f"{f['ok']}/{f['requests']}"),
     ("lost", "0", lambda k, f: str(f["lost"])),
     ("duplicated", "0", lambda k, f: str(f["duplicated"])),
+    ("replayed after a resend", "", lambda k, f: str(f["detail"].get("replayed_finals", 0))),
     (
         "leftover proc+ctr",
         "0",
@@ -451,9 +454,6 @@ ROWS: list[tuple[str, str, Any]] = [
 
 
 def _print(doc: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     title = (
         f"tangram bench chaos: {doc['trials_per_kind']} trials per fault kind, {doc['executor']} executor, "
@@ -477,6 +477,7 @@ def _print(doc: dict[str, Any]) -> None:
         lines += [f"lost: {x}" for x in (d["lost_unanswered"] + d["lost_client_gave_up"])[:3]]
         lines += [f"ran twice: {x}" for x in d["ran_twice_or_more"][:3]]
         lines += [f"two finals: {x}" for x in d["duplicate_final_ops"][:3]]
+        lines += [f"replayed after a resend: {x}" for x in d.get("replayed_final_ops", [])[:3]]
         lines += [f"leftover: {x}" for x in d["leftover_examples"][:3]]
         for line in lines:
             console.print(f"  {kind}: {line}", markup=False, highlight=False, soft_wrap=True)

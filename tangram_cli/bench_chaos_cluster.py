@@ -32,6 +32,7 @@ from typing import Any
 
 from tangram_cli.bench_chaos_load import MARKER
 from tangram_cli.bench_procs import ControllerProc, Procs, _readline, stop_proc
+from tangram_cli.state import query_status
 
 NODE = "chaos"
 
@@ -52,7 +53,7 @@ def free_ports(n: int) -> list[int]:
 
 def controller_has_state_option() -> bool:
     """True when `tangram controller` takes `--state FILE` (durable controller state)."""
-    from tangram_cli.commands.controller import command
+    from tangram_cli.commands.controller import command  # start-up cost: the controller's modules
 
     return any(p.name == "state" for p in command.params)
 
@@ -112,7 +113,7 @@ def markers(run: str) -> list[Marker]:
 def tangram_containers(cluster: str) -> list[str]:
     """Names of the containers labelled with `cluster` ([] without a Docker daemon)."""
     try:
-        import docker
+        import docker  # start-up cost: docker-py ~0.3 s
 
         from agent.executors.docker import LABEL_CLUSTER
 
@@ -128,7 +129,7 @@ def tangram_containers(cluster: str) -> list[str]:
 
 def remove_containers(cluster: str) -> int:
     try:
-        import docker
+        import docker  # start-up cost: docker-py ~0.3 s
 
         from agent.executors.docker import LABEL_CLUSTER
 
@@ -289,8 +290,6 @@ class ChaosCluster:
     # ------------------------------------------------------------ status
     def status(self, sections: tuple[str, ...], timeout_s: float = 1.5) -> dict[str, Any]:
         """The status records, {} when the controller does not answer."""
-        from tangram_cli.state import query_status
-
         ctl = self.procs.ctl
         if ctl is None or not ctl.info:
             return {}

@@ -36,7 +36,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from tangram.errors import ErrorCode
+import tangram
+from tangram.errors import ErrorCode, TangramError
 from tangram_cli.bench_burst import FinalCounter
 
 MARKER = "TANGRAM_CHAOS"
@@ -129,8 +130,6 @@ class Load:
         return op
 
     async def _run(self, op: Op, body: Any) -> Any:
-        from tangram.errors import TangramError
-
         token = _CURRENT.set(op)
         value = None
         try:
@@ -241,8 +240,6 @@ class Load:
 
     async def _evidence(self) -> dict[str, Any]:
         """Token counts from every sandbox of the phase that is not lost ({} per unreadable one)."""
-        from tangram.errors import TangramError
-
         counts: Counter[str] = Counter()
         readable: set[str] = set()
         unreadable: Counter[str] = Counter()  # error code -> sandboxes with evidence that could not be read
@@ -262,8 +259,6 @@ class Load:
         return {"counts": counts, "readable": readable, "unreadable": dict(unreadable)}
 
     async def _close_all(self) -> None:
-        from tangram.errors import TangramError
-
         for lane in [*self.lanes, self.long_lane]:
             for sb, _ in lane.used:
                 with contextlib.suppress(TangramError, TimeoutError):
@@ -275,11 +270,15 @@ class Load:
         answered = [op for op in ops if op.outcome is not None]
         no_reply = [op for op in answered if op.rids and not any(finals.get(r, 0) for r in op.rids)]
         gave_up = [op for op in no_reply if op.outcome == ErrorCode.TIMEOUT.value]  # the library gave up
-        dup_rids = [r for op in ops for r in op.rids if finals.get(r, 0) > 1]
+        dups = self.counter.duplicates
+        dup_rids = [r for op in ops for r in op.rids if dups(r)]
         dup_ops = [
+            f"{_desc(op)}: {[self.said.get(r) for r in op.rids]}" for op in ops if any(map(dups, op.rids))
+        ]
+        replay_ops = [
             f"{_desc(op)}: {[self.said.get(r) for r in op.rids]}"
             for op in ops
-            if any(finals.get(r, 0) > 1 for r in op.rids)
+            if any(self.counter.replays.get(r) for r in op.rids)
         ]
         for op in ops:
             for r in op.rids:
@@ -298,6 +297,8 @@ class Load:
             "local_outcomes": dict(Counter(op.outcome for op in no_reply)),
             "duplicate_finals": len(dup_rids),
             "duplicate_final_ops": dup_ops[:10],
+            "replayed_finals": sum(self.counter.replays.get(r, 0) for op in ops for r in op.rids),
+            "replayed_final_ops": replay_ops[:10],
             "evidence": {
                 "checked": len(evident),
                 "ran_twice_or_more": sorted(t for t, n in counts.items() if n > 1),
@@ -316,7 +317,7 @@ class Load:
         """Final replies that came for a request after its phase was reported, per phase."""
         late: Counter[str] = Counter()
         for rid, (phase, n) in self.reported.items():
-            if self.counter.finals.get(rid, 0) > max(n, 1):
+            if self.counter.finals.get(rid, 0) > max(n, 1) and self.counter.duplicates(rid):
                 late[phase] += 1
         return {"name": self.name, "late_duplicate_finals": dict(late)}
 
@@ -335,8 +336,6 @@ def _desc(op: Op) -> str:
 
 
 async def _serve(ns: argparse.Namespace) -> None:
-    import tangram
-
     loop = asyncio.get_running_loop()
     async with tangram.AsyncClient(ns.addr, name=ns.name, connect_timeout=60) as tg:
         load = Load(tg, ns.name, ns.run, ns.lanes, ns.timeout, ns.done)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import select
 import shutil
@@ -41,10 +42,15 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.table import Table
 
+import tangram
+from tangram_cli import keys as cluster_keys
 from tangram_cli.bench_goals import at_least, at_most, styled, summary
 from tangram_cli.bench_procs import ControllerProc, proc_cpu_s, start_real_agent, wait_nodes
 
@@ -68,7 +74,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def _docker_url() -> str | None:
     try:
-        import docker
+        import docker  # start-up cost: docker-py ~0.3 s
     except ImportError:
         return None
     url = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
@@ -178,31 +184,29 @@ class _Cluster:
     agent: subprocess.Popen[bytes] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     certs: str | None = None  # --curve: the CURVE certs directory (tangram_cli/keys.py layout)
+    cores: int = 1  # the cores the agent hands out
 
     def make_keys(self) -> None:
         """--curve: the keys of a cluster with one node `bench`, in this run's directory."""
-        from pathlib import Path
-
-        from tangram_cli import keys
-
-        self.certs = str(keys.ensure_keys(Path(self.workdir) / "certs", ["bench"]))
+        self.certs = str(cluster_keys.ensure_keys(Path(self.workdir) / "certs", ["bench"]))
 
     def _agent_config(self, agents_addr: str) -> str | None:
         if self.certs is None:
             return None
-        from tangram_cli import keys
 
         path = os.path.join(self.workdir, "agent.json")
         curve = {
-            "controller_public": os.path.join(self.certs, f"{keys.CONTROLLER}.key"),
-            "secret": os.path.join(self.certs, f"{keys.agent_role('bench')}.key_secret"),
+            "controller_public": os.path.join(self.certs, f"{cluster_keys.CONTROLLER}.key"),
+            "secret": os.path.join(self.certs, f"{cluster_keys.agent_role('bench')}.key_secret"),
         }
         with open(path, "w", encoding="utf-8") as fh:
             json.dump({"controller": agents_addr, "curve": curve}, fh)
         return path
 
     async def start(self, executor: str, cpus: str, image: str | None, env: dict[str, str]) -> None:
+        self.cores = len(_cores(cpus))
         if self.layout == "inprocess":
+            # start-up cost: the controller's modules load for the in-process layout only
             from tangram_cli.controller.config import ControllerConfig
             from tangram_cli.controller.daemon import Controller, Options
 
@@ -251,8 +255,6 @@ class _Cluster:
 
 
 async def _overhead(addr: str, n: int, certs: str | None = None) -> dict[str, Any]:
-    import tangram
-
     async with (
         tangram.AsyncClient(addr, name="bench-overhead", certs=certs) as tg,
         tg.sandbox(mem="256MiB") as sb,
@@ -278,8 +280,6 @@ async def _overhead(addr: str, n: int, certs: str | None = None) -> dict[str, An
 
 
 async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]:
-    import tangram
-
     async def worker(k: int, count: int, go: asyncio.Event) -> int:
         async with (
             tangram.AsyncClient(cluster.submit_addr, name=f"bench-{k}", certs=cluster.certs) as c,
@@ -289,11 +289,13 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
             ready.append(k)
             await go.wait()
             for _ in range(count):
-                await s.exec("true", timeout=120)
+                r = await s.exec("true", timeout=120)
+                holds.append((r.run_s, r.overhead_s))
         return count
 
     per = [n // clients + (1 if k < n % clients else 0) for k in range(clients)]
     ready: list[int] = []
+    holds: list[tuple[float, float]] = []  # per action: (agent run_s, controller overhead_s)
     go = asyncio.Event()
     tasks = [asyncio.ensure_future(worker(k, c, go)) for k, c in enumerate(per) if c]
     while len(ready) < len(tasks) and not any(t.done() for t in tasks):  # noqa: ASYNC110 - a failed worker ends it
@@ -307,6 +309,7 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
     out = {
         "throughput_actions_per_s": sum(done) / wall if wall > 0 else float("nan"),
         "throughput_wall_s": wall,
+        **_hold_figures(holds, cluster.cores),
     }
     for who, name in (("controller", "controller"), ("agent", "agent"), ("bench", "bench_process")):
         a, b = cpu0[who], cpu1[who]
@@ -315,6 +318,25 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
         ):  # the bench process holds the clients (and the controller if inprocess)
             out[f"{name}_cpu_ms_per_action"] = (b - a) * 1e3 / max(1, sum(done))
     return out
+
+
+def _hold_figures(holds: list[tuple[float, float]], cores: int) -> dict[str, Any]:
+    """How long each action held its core, and the throughput that caps. A core is given to one
+    action from the decision to the controller's handling of its end: the agent's run (spawn to
+    exit, as the agent measures it) plus the controller's overhead (its submit-to-final time
+    minus queueing and run: the trip to the agent and back, and the controller's own work). With
+    every action on one core, throughput cannot pass cores / mean hold."""
+    if not holds:
+        return {}
+    runs = [r for r, _ in holds]
+    hold = [r + o for r, o in holds]
+    mean = statistics.fmean(hold)
+    return {
+        "hold_run_p50_ms": _pct(runs, 0.5) * 1e3,
+        "hold_controller_p50_ms": _pct([o for _, o in holds], 0.5) * 1e3,
+        "hold_p50_ms": _pct(hold, 0.5) * 1e3,
+        "hold_bound_actions_per_s": cores / mean if mean > 0 else float("nan"),
+    }
 
 
 async def _bench_one(
@@ -377,6 +399,9 @@ _FIGURES = (
     ("raw spawn (asyncio)", ("raw_spawn_actions_per_s",), "{:.0f}", " /s", None, ""),
     ("raw spawn (posix_spawn)", ("raw_posix_spawn_actions_per_s",), "{:.0f}", " /s", None, ""),
     ("ratio to raw spawn", ("ratio_to_raw_spawn",), "{:.2f}", "x", "ratio_to_raw_spawn", "≥ {}x"),
+    ("core hold p50: run + controller", ("hold_run_p50_ms", "hold_controller_p50_ms"), "{:.2f}", " ms", None,
+     ""),
+    ("cores / mean hold", ("hold_bound_actions_per_s",), "{:.0f}", " /s", None, ""),
     ("CPU / action: controller", ("controller_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
     ("CPU / action: agent", ("agent_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
     ("CPU / action: bench process", ("bench_process_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
@@ -399,9 +424,6 @@ def _cell(row: dict[str, Any], keys: tuple[str, ...], number: str, unit: str) ->
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
     """One row per figure, one column per executor, the goals beside them."""
-    from rich.console import Console
-    from rich.table import Table
-
     first = rows[0] if rows else {}
     table = Table(
         title=f"tangram bench dispatch: no-op actions, one local agent, n={first.get('n', '-')}, "
@@ -486,8 +508,6 @@ def dispatch(
     as_json: bool,
 ) -> None:
     """Per-action overhead (p50/p99) and control-plane throughput, per executor, next to raw spawns."""
-    import logging
-
     logging.getLogger("tangram").setLevel(logging.ERROR)
     if cpus is None:
         cpus = "0-1" if len(os.sched_getaffinity(0)) >= 2 else "0"

@@ -16,20 +16,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import click
+
+from tangram_cli.state import query_status
+
 
 def logs_and_json(fn: Any) -> Any:
     """The `--logs DIR` and `--json` options that `bench burst` and `bench scale` share."""
-    import click
-
     fn = click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")(fn)
     return click.option(
         "--logs",
@@ -79,7 +83,6 @@ def bench_workdir(keep: str | None, prefix: str) -> str:
     if keep:
         os.makedirs(keep, exist_ok=True)
         return os.path.abspath(keep)
-    import tempfile
 
     return tempfile.mkdtemp(prefix=prefix)
 
@@ -232,8 +235,6 @@ def wait_nodes(
     certs: str | None = None,
 ) -> None:
     """Return once every node in `names` is up in the controller's status; RuntimeError otherwise."""
-    from tangram_cli.state import query_status
-
     deadline = time.monotonic() + timeout_s
     want = set(names)
     while True:
@@ -278,8 +279,6 @@ class StatusSampler(threading.Thread):
         self.timeline = timeline  # a JSONL file: one line per sample (time, answer, cluster record)
 
     def run(self) -> None:
-        from tangram_cli.state import query_status
-
         while not self._halt.is_set():
             t0 = time.monotonic()
             cluster: dict[str, Any] | None = None
@@ -353,8 +352,6 @@ def run_clients(procs: list[subprocess.Popen[str]], deadline: float) -> list[dic
 
 
 def _readline(proc: subprocess.Popen[str], deadline: float) -> str:
-    import selectors
-
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -371,8 +368,6 @@ def _readline(proc: subprocess.Popen[str], deadline: float) -> str:
 
 def controller_figures(ctl: ControllerProc, sampler: dict[str, Any], cpu0: float) -> dict[str, Any]:
     """Status, counters and /proc figures of the controller at the end of a run."""
-    from tangram_cli.state import query_status
-
     records = query_status(ctl.status_addr, sections=("cluster", "nodes"), timeout_s=10)
     cluster = records.get("cluster") or {}
     nodes = records.get("nodes") or []
@@ -414,6 +409,7 @@ class Procs:
 
     def close(self) -> dict[str, Any]:
         """Stop everything; the bench agents' summed stats ({} without bench agents)."""
+        # an import cycle: bench_agents imports this module
         from tangram_cli.bench_agents import stop_bench_agents
 
         if self.sampler is not None and self.sampler.is_alive():

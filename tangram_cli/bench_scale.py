@@ -30,7 +30,12 @@ from collections import Counter
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.table import Table
 
+import tangram
+from tangram.errors import TangramError
+from tangram.sim.workloads import generate, load
 from tangram_cli.bench_agents import start_bench_agents
 from tangram_cli.bench_burst import FinalCounter
 from tangram_cli.bench_goals import at_most, styled, summary
@@ -44,6 +49,7 @@ from tangram_cli.bench_procs import (
     run_clients,
     wait_nodes,
 )
+from tangram_cli.state import query_status
 
 GOALS = {"decide_p99_ms": 2.0, "all_complete": True}
 WORKLOAD = "coding"
@@ -55,8 +61,6 @@ def _profile(serial: float) -> str:
 
 def plans(batch: int, seed: int, proc: int, procs: int, max_turns: int | None) -> list[Any]:
     """This client process's share of the simulator's trajectory plans (every `procs`-th)."""
-    from tangram.sim.workloads import generate, load
-
     mine = generate(load(WORKLOAD), batch, seed)[proc::procs]
     if max_turns is not None:
         for plan in mine:
@@ -69,8 +73,6 @@ def plans(batch: int, seed: int, proc: int, procs: int, max_turns: int | None) -
 
 
 async def _trajectory(tg: Any, plan: Any, scale: float, exec_timeout: float, rec: dict[str, Any]) -> None:
-    from tangram.errors import TangramError
-
     try:
         async with tg.sandbox(mem=plan.mem_mib or None) as sb:
             for a in plan.actions:
@@ -111,8 +113,6 @@ async def _client(
     exec_timeout: float,
     max_turns: int | None,
 ) -> dict[str, Any]:
-    import tangram
-
     mine = plans(batch, seed, proc, procs, max_turns)
     rec: dict[str, Any] = {
         "completed": 0,
@@ -175,8 +175,6 @@ def client_main(argv: list[str] | None = None) -> int:
 
 def _config() -> dict[str, Any]:
     """Controller config: one Amdahl profile per serial fraction the workload uses."""
-    from tangram.sim.workloads import load
-
     w = load(WORKLOAD)
     serials = {
         a.serial_fraction for a in (*w.tools, w.reward) if a is not None and a.serial_fraction is not None
@@ -233,8 +231,6 @@ def _spawn_clients(procs: Procs, n: int, args: list[str]) -> None:
 
 
 def _events(ctl: ControllerProc) -> int:
-    from tangram_cli.state import query_status
-
     return int(query_status(ctl.status_addr, sections=("cluster",)).get("cluster", {}).get("events") or 0)
 
 
@@ -374,9 +370,6 @@ def _rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def _print(doc: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     if "completed" not in doc:
         console.print(f"scale failed: {doc.get('error')}", markup=False, highlight=False)

@@ -17,6 +17,8 @@ import time
 from random import Random
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, Elasticity, Kind
@@ -124,8 +126,6 @@ def scheduler(steps: int, queued: tuple[int, ...], depth: int, seed: int, as_jso
         goals = {"goal_p99_ms_at_1024": 1.0, "goal_p99_ratio_max": 2.0}
         click.echo(json.dumps({"scheduler": rows, **goals, "goals": checked, "met": met}, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
 
     table = Table(title="scheduler decision latency (handle)")
     for col in ("queued", "calls", "p50 ms", "p99 ms", "max ms", "mean ms", "cpu p99 ms", "p99 ratio", "cpu ratio"):

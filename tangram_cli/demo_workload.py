@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tangram
+
 TESTRUN_PATH = "testrun.py"
 HASHES_PER_UNIT = 100_000  # ~30 ms of one core per unit on the development machine
 SEARCH_S = (0.05, 0.15)
@@ -216,8 +218,6 @@ def _check(r: Any, what: str) -> None:
 
 
 async def run_policy(address: str, cfg: DemoConfig, policy: str, progress: Progress) -> PolicyResult:
-    import tangram
-
     out = PolicyResult(policy)
     async with tangram.AsyncClient(address, name=f"demo-{policy}", default_timeout=cfg.timeout_s) as client:
         t0 = time.monotonic()

@@ -27,12 +27,17 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tangram.errors import ConfigError
 from tangram_cli import state as st
+
+# Imported where used, not here (start-up cost, ~40 ms): pyzmq and tangram.certs, which only making or reading
+# a key needs; the bootstrap and `down` import this module for its paths and names.
 
 CONTROLLER = "controller"
 CLIENT = "client"
@@ -76,11 +81,11 @@ def _write(path: Path, text: str, mode: int) -> None:
 
 def ensure_keypair(directory: Path, name: str) -> tuple[Path, Path]:
     """``NAME.key`` (0644) and ``NAME.key_secret`` (0600) in ``directory``; kept if present."""
-    import zmq
+    import zmq  # start-up cost: see the note at the top
 
     pub, sec = directory / f"{name}.key", directory / f"{name}.key_secret"
     if sec.is_file():
-        from tangram.certs import keypair
+        from tangram.certs import keypair  # start-up cost: see the note at the top
 
         public, _ = keypair(str(sec))
         if not pub.is_file() or pub.read_text().find(public.decode()) < 0:
@@ -169,8 +174,6 @@ def _require_certs(cluster: str) -> Path:
 
 
 def check_key_name(name: str) -> str:
-    import re
-
     if not re.fullmatch(NAME_PATTERN, name) or name.endswith(".key"):
         raise ConfigError(
             f"bad key name {name!r}",
@@ -189,9 +192,9 @@ def add_client(cluster: str, name: str, out: Path | None = None) -> tuple[KeyInf
     the running controller takes it at once), and a directory usable as ``TANGRAM_CERTS`` (``out``,
     else ``certs/users/NAME/``; made 0700) holding ``client.key_secret`` (0600) and the
     controller's public key. Returns (the key, that directory). Refuses a name already in use."""
-    import zmq
+    import zmq  # start-up cost: see the note at the top
 
-    from tangram.certs import fingerprint
+    from tangram.certs import fingerprint  # start-up cost: see the note at the top
 
     d = _require_certs(cluster)
     check_key_name(name)
@@ -223,7 +226,7 @@ def add_client(cluster: str, name: str, out: Path | None = None) -> tuple[KeyInf
 
 def list_keys(cluster: str) -> list[KeyInfo]:
     """Every public key on the cluster's allow-lists (clients/, status/, agents/), by role and name."""
-    from tangram.certs import fingerprint, read_cert
+    from tangram.certs import fingerprint, read_cert  # start-up cost: see the note at the top
 
     d = _require_certs(cluster)
     out: list[KeyInfo] = []
@@ -248,9 +251,7 @@ def list_keys(cluster: str) -> list[KeyInfo]:
 def revoke_client(cluster: str, name: str) -> KeyInfo:
     """Remove ``clients/NAME.key`` (the controller refuses new connections with it at once; those
     up stay up) and the secret `keys add` kept in ``certs/users/NAME/``. Returns what was removed."""
-    import shutil
-
-    from tangram.certs import fingerprint, read_cert
+    from tangram.certs import fingerprint, read_cert  # start-up cost: see the note at the top
 
     d = _require_certs(cluster)
     check_key_name(name)

@@ -24,6 +24,7 @@ from typing import Any
 from tangram import logfmt
 from tangram.errors import ClusterNotFound, ConfigError, TangramError
 from tangram_cli import state as st
+from tangram_cli.bootstrap import plan
 
 Emit = Callable[[str], None]
 POLL_S = 0.2
@@ -62,8 +63,6 @@ def sources(cluster: str) -> dict[str, LogSource]:
     state = st.load(cluster)
     for h in state.hosts if state is not None else ():
         if h.connection == "ssh":
-            from tangram_cli.bootstrap import plan
-
             out[h.name] = LogSource(h.name, f"{plan.sh_path(h.workdir)}/agent.log", h)
         else:
             out[h.name] = LogSource(h.name, str(logs / f"agent-{h.name}.log"))
@@ -181,6 +180,7 @@ def remote(src: LogSource, n: int, follow: bool, emit: Emit) -> None:
 
 
 async def _remote(src: LogSource, n: int, follow: bool, emit: Emit) -> None:
+    # start-up cost: asyncssh (and the inventory's models) load only to read a node's log over SSH
     from tangram_cli.bootstrap import ssh
     from tangram_cli.bootstrap.remote import known_hosts_path
 

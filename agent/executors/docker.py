@@ -36,6 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import docker.errors
+from docker.utils.socket import frames_iter
+
 from . import archive, docker_sweep, fastpath, fastrun, leftovers, sandbox_etc
 from .base import (
     DEFAULT_GET_CAP,
@@ -68,6 +71,7 @@ from .docker_limits import (
     mem_kwargs,
     user_str,
 )
+from .docker_pool import LABEL_POOL, SandboxPool, sandbox_of
 from .images import HOSTROOT_IMAGE, hostroot_mounts
 from .spawner import Spawner, container_config
 
@@ -78,6 +82,7 @@ LABEL_CLUSTER_ID = "tangram.cluster-id"
 LABEL_SANDBOX = "tangram.sandbox"
 LABEL_NODE = "tangram.node"  # the agent (node name) that created it: a restarted agent cleans only its own
 LABEL_USER = leftovers.LABEL_USER  # the sandbox user (uid:gid); the container's own user is the keeper
+OWN_LABELS = (LABEL_CLUSTER, LABEL_CLUSTER_ID, LABEL_SANDBOX)  # set by the agent whatever a request says
 KILL_GRACE_S = 5.0
 SPAWNER_TRIES = 3  # spawner starts that may fail per sandbox before it keeps to the nsenter path
 log = logging.getLogger("agent.executors.docker")
@@ -184,13 +189,16 @@ class DockerExecutor:
     def __init__(self, client: Any, cluster: str, idle_cpus: str, image_default: str = HOSTROOT_IMAGE,
                  mode: str = "auto", spawner: bool = True, node: str = "", *, user: str = DEFAULT_USER,
                  mem_mib: int | None = None, disk_mib: int = DEFAULT_DISK_MIB,
-                 workdir: str | None = None, cluster_id: str = "") -> None:
+                 workdir: str | None = None, cluster_id: str = "", pool_max: int = 0,
+                 pool_concurrency: int = 1, pool_labels: dict[str, str] | None = None) -> None:
         """``node``: the agent's node name, labelled on the containers it creates (``LABEL_NODE``).
         ``cluster_id``: the cluster's unique id (``LABEL_CLUSTER_ID``, see ``is_own``); "" for a cluster
         without one, whose containers are then told apart by name only.
         ``user``, ``mem_mib`` (None: ``docker_limits.default_mem_mib``), ``disk_mib``: see
         ``docker_limits.SandboxLimits``; raises ConfigError when this dockerd cannot enforce ``disk_mib``.
-        ``workdir``: the agent's, where the hostroot sandboxes' ``/etc`` is written (None: ``~/.tangram``)."""
+        ``workdir``: the agent's, where the hostroot sandboxes' ``/etc`` is written (None: ``~/.tangram``).
+        ``pool_max`` > 0: keep warm sandbox pools of at most that many idle containers (``docker_pool``;
+        ``pool_concurrency`` made at once, each with ``pool_labels``); 0: none."""
         if mode not in ("auto", "fastpath", "docker"):
             raise ValueError(f"`mode` must be auto, fastpath or docker, got {mode!r}")
         self.client, self.cluster, self.image_default = client, check_name("cluster", cluster), image_default
@@ -210,25 +218,54 @@ class DockerExecutor:
         self._etc: dict[tuple[int, int], str] = {}
         self._sandboxes: dict[str, _Sandbox] = {}
         self._actions: dict[str, _Action] = {}
+        self._cold = 0  # sandboxes being created without the pool
+        self.pool = SandboxPool(self, os.path.dirname(self.etc_root), max_idle=pool_max,
+                                concurrency=pool_concurrency, labels=pool_labels) if pool_max > 0 else None
 
     # ------------------------------------------------------------ sandboxes
 
+    def claim_sandbox(self, spec: SandboxSpec) -> bool:
+        """A warm sandbox of ``spec``'s shape from the pool, claimed for it at once; False: none ready."""
+        if self.pool is None or check_name("sandbox", spec.sandbox) in self._sandboxes:
+            return False
+        sb = self.pool.take(spec, self.pool.shape_of(spec, OWN_LABELS))
+        if sb is not None:
+            self._sandboxes[spec.sandbox] = sb
+        return sb is not None
+
     async def create_sandbox(self, spec: SandboxSpec) -> None:
+        if self.claim_sandbox(spec):
+            return
         check_name("sandbox", spec.sandbox)
+        self._cold += 1
+        try:
+            kw = await asyncio.to_thread(self._kwargs, spec)
+            self._sandboxes[spec.sandbox] = await self._make(spec, kw)
+        finally:
+            self._cold -= 1
+            if self.pool is not None:
+                self.pool.wake()
+
+    def _kwargs(self, spec: SandboxSpec) -> dict[str, Any]:
+        """Blocking (writes the hostroot ``/etc`` once): the ``containers.run`` arguments of a sandbox."""
         image = spec.image or self.image_default
-        owner = sandbox_owner(spec, self.limits)
-        etc_dir = await asyncio.to_thread(self._etc_dir, owner) if image == HOSTROOT_IMAGE else None
-        kw = container_kwargs(spec, self.cluster, self.idle_cpus, image, self.node, self.limits, etc_dir,
-                              self.cluster_id)
-        container = await asyncio.to_thread(self.client.containers.run, **kw)
+        etc_dir = self._etc_dir(sandbox_owner(spec, self.limits)) if image == HOSTROOT_IMAGE else None
+        return container_kwargs(spec, self.cluster, self.idle_cpus, image, self.node, self.limits, etc_dir,
+                                self.cluster_id)
+
+    async def _make(self, spec: SandboxSpec, kw: dict[str, Any], call: Any = asyncio.to_thread) -> _Sandbox:
+        """Run the container of ``kw``; ``call`` runs each blocking step (the pool has threads of its own)."""
+        container = await call(self.client.containers.run, **kw)
         try:
             if self.limits.disk != "tmpfs":  # the sandbox user owns its workdir (a tmpfs is made so)
-                await asyncio.to_thread(archive.chown_dir, self.client.api, container.id, WORKDIR, owner)
-            sb = self._sandboxes[spec.sandbox] = await asyncio.to_thread(self._attach, container)
+                owner = sandbox_owner(spec, self.limits)
+                await call(archive.chown_dir, self.client.api, container.id, WORKDIR, owner)
+            sb = await call(self._attach, container)
             await self._spawner(sb)  # started now, so that the first action does not wait for it
         except BaseException:
-            await asyncio.to_thread(container.remove, force=True, v=True)
+            await call(container.remove, force=True, v=True)
             raise
+        return sb
 
     def _etc_dir(self, owner: tuple[int, int]) -> str:
         """The hostroot sandboxes' ``/etc`` for this sandbox user (written once per agent and user)."""
@@ -287,7 +324,6 @@ class DockerExecutor:
         sb = self._sandboxes.get(check_name("sandbox", name))
         if sb is not None:
             return sb
-        import docker.errors
 
         try:  # adopt a sandbox created by an earlier agent (reconciliation)
             container = await asyncio.to_thread(self.client.containers.get, self._name(name))
@@ -296,17 +332,16 @@ class DockerExecutor:
         if not is_own(container.labels, self.cluster, self.cluster_id):
             raise SandboxNotFound(f"no sandbox {name!r} of this cluster")
         sb = self._sandboxes[name] = await asyncio.to_thread(self._attach, container)
+        sb.name = name  # a claimed pooled container has no sandbox label
         return sb
 
     async def destroy_sandbox(self, sandbox: str) -> None:
-        import docker.errors
-
         sb = self._sandboxes.pop(check_name("sandbox", sandbox), None)
         if sb is not None and sb.spawner is not None:  # it sits in the container's cgroups: out first
             await sb.spawner.close()
         if sb is not None and sb.slots is not None:
             sb.slots.remove_all()
-        name = self._name(sandbox)
+        name = sb.cid if sb is not None else self._name(sandbox)  # the id: a claim's rename may be pending
         with contextlib.suppress(docker.errors.NotFound):
             container = await asyncio.to_thread(self.client.containers.get, name)
             if self._own(container):
@@ -314,8 +349,22 @@ class DockerExecutor:
 
     async def list_sandboxes(self) -> list[str]:
         flt = own_filter(self.cluster, self.cluster_id)
-        found = await asyncio.to_thread(self.client.containers.list, all=True, filters=flt)
-        return sorted(c.labels.get(LABEL_SANDBOX, "") for c in found if self._own(c))
+        # one call and no inspects: a container removed meanwhile cannot fail the listing
+        found = await asyncio.to_thread(self.client.api.containers, all=True, filters=flt)
+        names = {self._sandbox_of(c.get("Labels") or {}, c["Names"][0]) for c in found
+                 if is_own(c.get("Labels") or {}, self.cluster, self.cluster_id)}
+        names.update(self.pool.pending().values() if self.pool is not None else ())
+        return sorted(n for n in names if n)
+
+    def _sandbox_of(self, labels: dict[str, str], name: str) -> str | None:
+        """The sandbox a container holds: its label, or (claimed from a pool) its name; None: pooled, idle."""
+        if LABEL_POOL in labels and LABEL_SANDBOX not in labels:
+            return sandbox_of(name, self._name(""))
+        return labels.get(LABEL_SANDBOX, "")
+
+    def busy_cores(self) -> set[int]:
+        """Cores running an action now."""
+        return {c for sb in self._sandboxes.values() for grant in sb.active.values() for c in grant}
 
     def _name(self, sandbox: str) -> str:
         return container_name(self.cluster, sandbox, self.cluster_id)
@@ -330,6 +379,8 @@ class DockerExecutor:
         log.info("recovery: %d running sandboxes of this node checked: %d processes killed in %d action "
                  "cgroups, %d old spawners and %d docker execs killed, %d left processes swept",
                  found.containers, found.processes, found.slots, found.spawners, found.execs, found.swept)
+        if self.pool is not None:
+            await self.pool.recover()
         return found
 
     def _recover(self) -> leftovers.Leftovers:
@@ -359,6 +410,8 @@ class DockerExecutor:
         for sb in list(self._sandboxes.values()):
             if sb.spawner is not None:
                 await sb.spawner.close()
+        if self.pool is not None:
+            await self.pool.close()
 
     # ------------------------------------------------------------ cpusets
 
@@ -474,8 +527,6 @@ class DockerExecutor:
     # ------------------------------------------------------------ files
 
     async def put(self, sandbox: str, path: str, data: bytes) -> None:
-        import docker.errors
-
         sb = await self._sandbox(sandbox)
         parts = split_relpath(path)
         try:
@@ -503,8 +554,6 @@ class DockerExecutor:
 
 
 def _pump_exec(sock: Any, stdin: bytes | None, out: OutputCollector, err: OutputCollector) -> None:
-    from docker.utils.socket import frames_iter
-
     raw = getattr(sock, "_sock", sock)
     if stdin is not None:
         with contextlib.suppress(OSError):

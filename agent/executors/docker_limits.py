@@ -31,6 +31,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from docker.types import DriverConfig, Mount
+
+from agent.probe import mem_offer_mib, meminfo
 from tangram.errors import ConfigError
 
 from .base import WORKDIR, parse_owner
@@ -66,8 +69,6 @@ def default_mem_mib(mem_mib: int | None) -> int:
     """The memory of a sandbox opened without ``mem``: ``mem_mib``; None: what the agent offers by default
     (``agent.probe.mem_offer_mib``). Raises ConfigError below what dockerd takes."""
     if mem_mib is None:
-        from agent.probe import mem_offer_mib, meminfo
-
         mem_mib = mem_offer_mib(meminfo())
     if mem_mib < MIN_MEM_MIB:
         raise ConfigError(f"sandbox_mem_mib: {mem_mib} MiB is below the {MIN_MEM_MIB} MiB dockerd takes")
@@ -103,7 +104,6 @@ def disk_kwargs(limits: SandboxLimits, owner: tuple[int, int]) -> dict[str, Any]
         return {}
     if limits.disk == "storage_opt":
         return {"storage_opt": {"size": f"{limits.disk_mib}m"}}
-    from docker.types import DriverConfig, Mount
 
     def volume(target: str, opts: dict[str, str]) -> Any:
         return Mount(target, "", type="volume", driver_config=DriverConfig("local", opts))

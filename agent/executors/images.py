@@ -16,6 +16,8 @@ import tarfile
 from collections.abc import Callable
 from typing import Any
 
+import docker.errors
+
 HOSTROOT_IMAGE = "tangram/hostroot:1"
 BUSYBOX_IMAGE = "tangram-test:busybox"
 HOSTROOT_DIRS = ("usr", "bin", "lib", "lib64", "etc", "sbin", "tmp", "work", "proc", "sys", "dev")
@@ -66,8 +68,6 @@ def hostroot_mounts(etc_dir: str | None = None) -> dict[str, dict[str, str]]:
 
 
 def has_image(client: Any, tag: str) -> bool:
-    import docker.errors
-
     try:
         client.images.get(tag)
         return True

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from tangram.errors import ConfigError
 
 from .cgroups import Hierarchy
-from .proc_cgroups import Roles, discover_roles
+from .proc_cgroups import Roles, SandboxCgroups, discover_roles
 from .users import DEFAULT_BASE, DEFAULT_COUNT, range_conflicts
 
 FLAG = "`trusted_code_only: true` (--trusted-code-only)"
@@ -92,8 +92,6 @@ def check(
         if bad:
             out.missing.append(f"{bad} (above the sandbox directories) is writable by every user")
     if probe and out.roles is not None and not out.missing:
-        from .proc_cgroups import SandboxCgroups
-
         sbcg = None
         try:
             sbcg = SandboxCgroups(out.roles, "probe", f"probe-{os.getpid()}")

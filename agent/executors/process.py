@@ -38,6 +38,8 @@ import stat
 import subprocess
 import time
 
+from agent.probe import mem_offer_mib, meminfo
+
 from . import proc_files
 from .base import (
     DEFAULT_GET_CAP,
@@ -143,8 +145,6 @@ class ProcessExecutor:
         os.chmod(self.root, 0o711)  # sandbox users may pass through, not list or write
         self.uids = UidPool(uid_base, uid_count, uid_claims)
         if sandbox_mem_mib is None:
-            from agent.probe import mem_offer_mib, meminfo
-
             sandbox_mem_mib = mem_offer_mib(meminfo())
         self.default_mem_mib = sandbox_mem_mib
         self._setpriv = shutil.which("setpriv")

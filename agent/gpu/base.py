@@ -17,6 +17,7 @@ Error tree (every error has ``hint`` and ``retryable``)::
 """
 from __future__ import annotations
 
+import importlib
 import re
 import traceback
 from collections.abc import Mapping, Sequence
@@ -235,8 +236,6 @@ class RuntimeFactory(Protocol):
 
 def import_object(path: str) -> Any:
     """``"package.module:attr"`` -> the object (raises ImportError/AttributeError/ValueError)."""
-    import importlib
-
     module, sep, attr = path.partition(":")
     if not sep or not module or not attr:
         raise ValueError(f"expected 'package.module:name', got {path!r}")

@@ -13,6 +13,10 @@ import sys
 import time
 from typing import Any
 
+from .base import ServiceSpec
+from .host import GpuHost
+from .nvml import discover, memory_used_mib
+
 MiB = 1 << 20
 
 
@@ -34,10 +38,7 @@ def copy_gbps(torch: Any, size_mib: int, device: Any, pinned: bool, repeat: int)
 
 async def runtime_restore(size_mib: int, device_index: int) -> dict[str, Any]:
     """prepare + load + evict of a ``size_mib`` blob module through GpuHost and the torch runtime."""
-    from .base import ServiceSpec
-    from .host import GpuHost
-    from .nvml import discover, memory_used_mib
-    from .torch_module import TorchConfig
+    from .torch_module import TorchConfig  # torch is optional: main() checks it before this runs
 
     gpus, reason = discover()
     if not gpus:
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
-        import torch
+        import torch  # optional (the gpu extra): a missing torch is reported, not a traceback
     except ImportError:
         print("bench: torch is not installed", file=sys.stderr)
         return 2

@@ -77,7 +77,7 @@ def fail(payload: dict[str, Any]) -> dict[str, Any]:
 
 def tiny_mlp(in_features: int = 4, hidden: int = 8, out_features: int = 2, seed: int = 0) -> Any:
     """A small deterministic MLP (with a non-persistent buffer, to prove those survive a restore)."""
-    import torch
+    import torch  # optional (the gpu extra): only the torch demo modules need it
 
     gen = torch.Generator().manual_seed(seed)
 
@@ -99,7 +99,7 @@ def tiny_mlp(in_features: int = 4, hidden: int = 8, out_features: int = 2, seed:
 
 def blob(mib: int = 64, tensors: int = 8, dtype: str = "bfloat16") -> Any:
     """A module of ``tensors`` parameters totalling ``mib`` MiB (restore-bandwidth tests); forward sums."""
-    import torch
+    import torch  # optional (the gpu extra), as above
 
     dt = getattr(torch, dtype)
     per = max(1, (mib << 20) // tensors // torch.empty((), dtype=dt).element_size())

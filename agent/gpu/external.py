@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import EvictFailed, GpuInfo, LoadFailed, LoadResult, PrepareFailed, ServiceSpec
+from .nvml import device_memory
 
 MAX_REPLY_BYTES = 64 << 20
 
@@ -94,8 +95,6 @@ class ExternalRuntime:
         self.poll_s = float(opts.get("poll_s", 0.1))
         self.release_mib = int(opts.get("release_mib", spec.gpu_mem_mib // 2))
         if memory_probe is None:
-            from .nvml import device_memory
-
             memory_probe = device_memory
         self.memory_probe = memory_probe
         self._awake: set[tuple[int, ...]] = set()

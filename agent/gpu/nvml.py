@@ -13,6 +13,8 @@ from typing import Any
 
 from .base import GpuInfo, MiB
 
+# pynvml (nvidia-ml-py) is optional on a node: imported where used, so this module loads without it.
+
 _AFFINITY_WORDS = 64  # 64 x 64 bits = 4096 CPUs
 
 

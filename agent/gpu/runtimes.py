@@ -9,6 +9,7 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
+from . import nvml
 from .base import GpuInfo, PrepareFailed, Runtime, RuntimeFactory, ServiceSpec, emulated_gpus
 from .emulated import EmulatedConfig
 from .external import ExternalConfig
@@ -26,7 +27,7 @@ class _LazyTorch:
         self.config = config
 
     def __call__(self, spec: ServiceSpec) -> Runtime:
-        try:
+        try:  # torch is optional (the gpu extra): without it this runtime says how to get it
             from .torch_module import TorchConfig
         except ImportError as exc:
             hint = "pip install 'tangram-rl[gpu]'"
@@ -53,8 +54,6 @@ def build_host(
     bandwidth_gbps: float | None = None, reserve_mib: int | None = None, **host_kwargs: Any,
 ) -> tuple[GpuHost, str | None]:
     """A host for this node and, when it has no GPUs, why. ``emulated > 0`` never touches NVML."""
-    from . import nvml
-
     gpus: list[GpuInfo]
     reason: str | None = None
     emu = EmulatedConfig() if bandwidth_gbps is None else EmulatedConfig(bandwidth_gbps=bandwidth_gbps)

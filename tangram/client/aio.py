@@ -49,6 +49,7 @@ import msgpack  # type: ignore[import-untyped]
 from tangram import protocol, units
 from tangram.certs import CurveKeys, client_keys
 from tangram.client.transport import Pending, Transport
+from tangram.discovery import find_address, state_file
 from tangram.errors import (
     ActionTimeout,
     BadRequest,
@@ -63,6 +64,7 @@ from tangram.errors import (
     RetryLater,
 )
 from tangram.outcomes import CallOutcome, ExecOutcome
+from tangram.wire_checks import ID_PATTERN
 
 __all__ = [
     "ApiLease",
@@ -204,12 +206,15 @@ class AsyncClient:
         connect_timeout: float = 10.0,
         certs: str | CurveKeys | None = None,
         retry_later_s: float = 60.0,
+        job: str | None = None,
     ) -> None:
         addr = addr or os.environ.get("TANGRAM_ADDR")
         if not addr:
             addr = _local_addr()
         self.addr = addr
         self.name = _clean_name(name or f"client-{os.getpid()}")
+        # its RL job (docs/client.md, "Jobs"): `job`, else $TANGRAM_JOB, else the default job ("")
+        self.job = _job_name(os.environ.get("TANGRAM_JOB", "") if job is None else job)
         self.default_timeout = default_timeout
         self.retry_later_s = retry_later_s  # how long RetryLater is retried for a request without a timeout
         self.retried_later = 0  # RetryLater refusals retried (all requests together)
@@ -217,7 +222,8 @@ class AsyncClient:
         # CURVE keys: `certs`, else $TANGRAM_CERTS, else the recorded cluster of `addr`, else plain TCP.
         curve = client_keys(addr, certs)
         self._transport = Transport(
-            addr, self.name, heartbeat_s=heartbeat_s, connect_timeout=connect_timeout, curve=curve
+            addr, self.name, heartbeat_s=heartbeat_s, connect_timeout=connect_timeout, curve=curve,
+            job=self.job,
         )
         self._connected = False
         self._window: asyncio.Semaphore | None = None
@@ -574,10 +580,16 @@ def _clean_name(name: str) -> str:
     return cleaned.replace("..", "-")
 
 
+def _job_name(job: str) -> str:
+    if job and not re.fullmatch(ID_PATTERN, job):
+        raise BadRequest(
+            f"bad job name {job!r}: use 1-64 of A-Z a-z 0-9 _ . : - (starting with a letter, digit or _)"
+        )
+    return job
+
+
 def _local_addr() -> str:
     """The local cluster's submit address, from the state file `tangram up` writes."""
-    from tangram.discovery import find_address, state_file
-
     addr = find_address("local")
     if addr is None:
         raise ClusterNotFound(

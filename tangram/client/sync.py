@@ -22,6 +22,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from tangram.client.aio import ApiLease, AsyncClient, AsyncSandbox, CallResult, ExecResult, parse_mem
+from tangram.errors import ControllerUnreachable
 
 __all__ = ["Client", "Sandbox"]
 
@@ -65,9 +66,11 @@ class Client:
         connect_timeout: float = 10.0,
         certs: str | None = None,
         retry_later_s: float = 60.0,
+        job: str | None = None,
     ) -> None:
         self._kwargs = {
             "name": name,
+            "job": job,
             "default_timeout": default_timeout,
             "heartbeat_s": heartbeat_s,
             "connect_timeout": connect_timeout,
@@ -92,8 +95,6 @@ class Client:
             if self._pid != os.getpid():  # forked: never touch the parent's loop or sockets
                 self._loop, self._client, self._pid = None, None, os.getpid()
             if self._closed:
-                from tangram.errors import ControllerUnreachable
-
                 raise ControllerUnreachable("the client is closed")
             if self._loop is None:
                 self._loop = _LoopThread()

@@ -38,10 +38,18 @@ from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from tangram import protocol
 from tangram.certs import CurveKeys, HandshakeWatch, KeyRefused, handshake_events
-from tangram.errors import ActionTimeout, ControllerUnreachable, NodeLost, ProtocolError, TangramError
+from tangram.errors import (
+    ActionTimeout,
+    ControllerUnreachable,
+    NodeLost,
+    ProtocolError,
+    TangramError,
+    VersionMismatch,
+)
 from tangram.sockio import SocketReader, send_frames, shadow
 
 log = logging.getLogger("tangram.client")
@@ -69,10 +77,12 @@ class Transport:
         heartbeat_s: float = 1.0,
         connect_timeout: float = 10.0,
         curve: CurveKeys | None = None,
+        job: str = "",
     ) -> None:
         self.addr = addr
         self.curve = curve
         self.name = name
+        self.job = job  # its RL job, said in every Hello ("": the default job)
         self.heartbeat_s = heartbeat_s
         self.connect_timeout = connect_timeout
         self.identity = secrets.token_bytes(16)
@@ -241,7 +251,9 @@ class Transport:
         self._hello_rid = self._next_rid()
         self._send(
             protocol.encode(
-                protocol.Hello("client", self.name, protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR),
+                protocol.Hello(
+                    "client", self.name, protocol.PROTOCOL_MAJOR, protocol.PROTOCOL_MINOR, job=self.job
+                ),
                 self._hello_rid,
                 token=self.token,  # a reconnect: the session goes on
             )
@@ -304,8 +316,6 @@ class Transport:
         """One monitor event. A disconnect: resend on the next Welcome. A refused handshake
         (tangram.certs.HandshakeWatch): start() fails with KeyRefused; once connected, pending and
         later requests fail with it (libzmq does not reconnect after a refusal)."""
-        from zmq.utils.monitor import parse_monitor_message
-
         msg = parse_monitor_message(frames)
         event = int(msg["event"])
         if event == zmq.EVENT_DISCONNECTED:
@@ -384,8 +394,6 @@ class Transport:
             return
         if isinstance(msg, protocol.Reject):
             if self._welcome is not None and not self._welcome.done():
-                from tangram.errors import VersionMismatch
-
                 self._welcome.set_exception(VersionMismatch(f"controller refused the client: {msg.reason}"))
             return
         if isinstance(msg, protocol.Heartbeat):

@@ -2,9 +2,9 @@
 
 With ``m`` units of its key elastic resource an action takes
 ``getDur(m) = T_ori / (E(m) * m)`` where ``T_ori`` is its duration on one unit and
-``0 < E(m) <= 1`` its parallel efficiency (paper §3). ``E`` comes from a profiled table or
-from Amdahl's law with a serial fraction. ``T_ori`` is profiled where possible; otherwise
-the scheduler uses the running average of the action type (``DurationHistory``).
+``0 < E(m) <= 1`` its parallel efficiency (docs/scheduler.md, "Paper to code"). ``E`` comes
+from a profiled table or from Amdahl's law with a serial fraction. ``T_ori`` is profiled where
+possible; otherwise the scheduler uses the running average of the action type (``DurationHistory``).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The API pass of the scheduler: FCFS grants per API, with key pools (paper §5's basic
-manager; key pools are issue 14, item 4).
+"""The API pass of the scheduler: FCFS grants per API, with key pools (the basic manager
+of docs/scheduler.md; key pools: its "API key pools").
 
 Plain functions over the ``Scheduler`` (its ``basic`` manager, queues, running table and
 deadlines), called from ``Scheduler._schedule`` (``run``), ``Scheduler.next_deadline``
@@ -8,7 +8,8 @@ deadlines), called from ``Scheduler._schedule`` (``run``), ``Scheduler.next_dead
 1. Each API's queue is FCFS: its head gets a ``Grant`` while the API-wide limit allows and,
    for an API with keys, a key has room for the lease's requests and tokens
    (``managers/keys.py``); the ``Grant`` names the key. Otherwise the head waits, with the
-   shortfall as its status, and nothing behind it overtakes it.
+   shortfall as its status, and nothing behind it overtakes it. With several RL jobs the
+   head is that of the job furthest below its weighted share of the API (``jobs.py``).
 2. A waiting head makes a deadline: the next quota window, or the first time a key's
    sliding minute (or cool-down) leaves room for it.
 3. A lease whose requests or tokens exceed what any key allows in a minute can never be
@@ -22,6 +23,7 @@ import math
 from typing import TYPE_CHECKING
 
 from tangram.core import commands as cmd
+from tangram.core import jobs
 from tangram.core.managers.basic import Api
 from tangram.core.state import Running, Waiting
 from tangram.core.status import Shortfall, Status, never, wait
@@ -38,10 +40,12 @@ def pool_of(api: str) -> str:
 def run(s: Scheduler, pool: str, out: list[cmd.Command]) -> None:
     """Grant the head of one API's queue while the API and its keys allow (rule 1)."""
     api = s.basic.apis[pool[len("api:") :]]
-    lane = s.pending.lane(pool)
+    fair, lane = jobs.ordered(s.jobs, s.pending.lanes(pool), pool)  # one job: its FCFS lane
     while (w := lane.head()) is not None:
         s.examined[pool] = s.examined.get(pool, 0) + 1
         units, tokens = w.spec.key_demand.min, w.spec.tokens
+        if fair.over_cap(w, units):  # its job waits at its cap; the next job's head is looked at
+            continue
         free = api.free(s.now)
         if free < units:
             w.status = wait(Shortfall(pool, units, free, api.limit, api.name))
@@ -89,8 +93,8 @@ def deadlines(s: Scheduler) -> list[float]:
     """Rule 2: for each API whose queue waits, when it may grant again."""
     times: list[float] = []
     for name, api in s.basic.apis.items():
-        lane = s.pending.lane(pool_of(name)) if s.queues.get(pool_of(name)) else None
-        head = lane.head() if lane is not None else None
+        lanes = s.pending.lanes(pool_of(name)) if s.queues.get(pool_of(name)) else None
+        head = jobs.ordered(s.jobs, lanes, pool_of(name))[1].head() if lanes else None
         if head is None:
             continue
         if (t := api.next_window()) is not None:

@@ -41,9 +41,11 @@ Release = tuple[float, int]  # (time, units)
 Chosen = tuple[int, float, tuple[float, int, int, int] | None]  # units, duration, where it starts
 
 
-class _Timeline:
-    """The running actions' releases, sorted once (with their units' prefix sums) and
-    shared by every plan that ``objective`` scores. A plan's own starts go to a small heap;
+class Timeline:
+    """ApproxACTs over the running actions' releases: ``Timeline(running).objective(cand_total,
+    cand_plan, behind, capacity_free, depth)`` is a plan's objective (the module docstring says how).
+    The releases are sorted once (with their units' prefix sums) and shared by every plan that
+    ``objective`` scores. A plan's own starts go to a small heap;
     the next release is the earlier of that heap's top and the static cursor's, so the
     releases are taken in exactly the order that popping one merged heap would take them."""
 
@@ -83,7 +85,11 @@ class _Timeline:
 
     def objective(self, cand_total: float, cand_plan: Sequence[tuple[int, float]],
                   behind: Sequence[Behind], capacity_free: int, depth: int) -> float:
-        """``cand_total`` plus the completion time of every action in ``behind``."""
+        """``cand_total`` (the candidates' summed durations) plus the estimated completion time of
+        every action in ``behind``. ``cand_plan``: (units, duration) per candidate; ``capacity_free``:
+        units free before the candidates start (the releases are ``running``'s (time left, units)).
+        The first ``depth`` actions of ``behind`` with more than one option may choose among them
+        (the one that finishes first); the others take their first option."""
         free = capacity_free
         heap = []
         for u, d in cand_plan:
@@ -196,25 +202,6 @@ class _Timeline:
         return best
 
 
-def approx_acts(
-    cand_total: float,
-    cand_plan: Sequence[tuple[int, float]],
-    running: Sequence[tuple[float, int]],
-    behind: Sequence[Behind],
-    capacity_free: int,
-    depth: int = 2,
-) -> float:
-    """Objective of a plan: ``cand_total`` (sum of the candidates' durations) plus the
-    estimated completion times of the ``behind`` actions.
-
-    ``cand_plan``: (units, duration) per candidate; ``running``: (time left, units) of the
-    actions already running; ``capacity_free``: units free before the candidates start.
-    The first ``depth`` actions of ``behind`` that have more than one option may choose
-    among them (the one that finishes first); the others take their first option.
-    """
-    return _Timeline(running).objective(cand_total, cand_plan, behind, capacity_free, depth)
-
-
 def greedy_eviction(
     table: PrefixTable,
     options: Sequence[Mapping[int, float]],
@@ -234,7 +221,7 @@ def greedy_eviction(
     the caller allows it only when the head could use more units than are free and
     something running will free some."""
     n = len(options)
-    releases = _Timeline(running)
+    releases = Timeline(running)
     arranged: dict[int, list[int]] = {}
 
     def objective(t: int) -> float:

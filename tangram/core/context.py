@@ -33,7 +33,8 @@ class PassContext:
     """A narrow view of one ``Scheduler`` for its passes (see the module docstring)."""
 
     __slots__ = (
-        "_s", "chunk_operators", "config", "cpu", "gpu", "held", "pending", "running", "sandboxes", "warming",
+        "_s", "chunk_operators", "config", "cpu", "gpu", "held", "jobs", "pending", "running", "sandboxes",
+        "warming",
     )
 
     def __init__(self, sched: Scheduler) -> None:
@@ -44,6 +45,7 @@ class PassContext:
         self.sandboxes = sched.sandboxes
         self.running = sched.running  # read here; changed only by ``start`` (and the scheduler's endings)
         self.pending = sched.pending  # read here; changed only by ``dequeue``, ``reject`` and ``bind``
+        self.jobs = sched.jobs  # the RL jobs' weights, caps and holdings (jobs.py); read here
         # node -> (its state when it held its whole CPU prefix, when to re-decide at the latest)
         self.held: dict[str, tuple[tuple[object, ...], float]] = {}
         self.chunk_operators: dict[tuple[int, tuple[tuple[int, int], ...]], ChunkOperator] = {}  # by free layout

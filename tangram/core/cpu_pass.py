@@ -17,6 +17,7 @@ from tangram.core import commands as cmd
 from tangram.core.actions import ActionSpec, Kind, duration
 from tangram.core.approx import greedy_eviction
 from tangram.core.dp import Curve, arrange_table, convex_curve
+from tangram.core.jobs import Fair
 from tangram.core.resources import CPU
 from tangram.core.state import FIXED, MAX, MIN, TANGRAM, Running, Sandbox, Waiting
 from tangram.core.status import Shortfall, Status, never, wait
@@ -35,19 +36,23 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
     the pass merges them in submission order and stops reading a queue at its first
     action that does not fit, so a pass costs O(started + nodes), not O(queued). The
     actions behind a blocked head (ApproxACTs' queue) are read only for a node that has
-    candidates."""
-    p = _Merge(ctx)
+    candidates. With several RL jobs each keeps its own queues, and the merge reads next
+    from the job furthest below its weighted share (``jobs.py``; one job: plain FCFS)."""
     iters, heads = _open_queues(ctx)
-    while heads:
-        _, key = heapq.heappop(heads)
-        src = iters[key]
-        if p.step(key, src.pop(), src) and src.has_next():
-            heapq.heappush(heads, (src.peek_seq(), key))
+    fair = Fair(ctx.jobs, CPU, sum(n.total for n in ctx.cpu.nodes.values()) if len(heads) > 1 else 0, heads)
+    p = _Merge(ctx, fair)
+    _merge(p, fair, iters, heads)
     # every node's units are decided before anything moves: a node's decision depends on
     # nothing that another node's starts, a binding or a rejection changes, and the queue
     # behind a blocked head is read (lazily, only if the decision needs it) while it is intact
-    units = {node: _allocate(ctx, p.cands[node], partial(p.waiting, node), ctx.cpu.nodes[node].free, node)
+    limited = fair if fair.limits() else None  # several jobs want cores, or one has a cap
+    units = {node: _allocate(ctx, p.cands[node], partial(p.waiting, node), ctx.cpu.nodes[node].free, node,
+                             limited)
              for node in sorted(p.cands)}
+    if limited is not None:  # elastic grants stop at a job's share or cap, all its candidates together
+        for node in sorted(p.cands):
+            units[node] = [fair.clamp(w, u, w.spec.key_demand) if u else 0
+                           for w, u in zip(p.cands[node], units[node], strict=True)]
     ctx.examined(CPU, sum(it.read for it in iters.values()))  # a cost meter
     for w, node, total in p.doomed:
         st = never(Shortfall(CPU, w.spec.key_demand.min, total, total, node),
@@ -59,17 +64,37 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
         _start_group(ctx, node, p.cands[node], units[node], out)
 
 
+def _merge(p: _Merge, fair: Fair, iters: dict[Key, _Peek], heads: dict[str, list[tuple[int, Key]]]) -> None:
+    """Read the per-node queues into ``p``: the next action from the job furthest below its
+    share (one job: the earliest head), each queue until its first action that does not fit."""
+    while heads:
+        job = fair.pick({j: h[0][0] for j, h in heads.items()}) if len(heads) > 1 else next(iter(heads))
+        _, key = heapq.heappop(heads[job])
+        src = iters[key]
+        w = src.pop()
+        if fair.over_cap(w, w.need):  # its job is passed over for the rest of the pass
+            del heads[job]
+            continue
+        if p.step(key[0], w, src) and src.has_next():
+            heapq.heappush(heads[job], (src.peek_seq(), key))
+        if not heads[job]:
+            del heads[job]
+
+
 class _Merge:
     """The state of one CPU pass while it merges the per-node queues."""
 
-    def __init__(self, ctx: PassContext) -> None:
+    def __init__(self, ctx: PassContext, fair: Fair) -> None:
         self.ctx = ctx
+        self.fair = fair
         self.free = {n: node.free for n, node in ctx.cpu.nodes.items()}
         self.cands: dict[str, list[Waiting]] = {}
         self.behind: dict[str, list[Waiting]] = {}
-        self.rest: dict[str, tuple[int, _Peek]] = {}  # blocked node -> (where in behind, its reader)
+        # blocked node -> (where in behind, its reader) per queue of it (one per job)
+        self.rest: dict[str, list[tuple[int, _Peek]]] = {}
         self.tentative: dict[str, str] = {}  # sandbox -> node chosen earlier in this pass
         self.blocked: set[str] = set()
+        self.placing: Waiting | None = None  # a new trajectory that found no node: the others wait behind it
         self.doomed: list[tuple[Waiting, str, int]] = []  # heads their sandbox's node can never hold
 
     def waiting(self, node: str) -> list[Waiting]:
@@ -77,9 +102,14 @@ class _Merge:
         the rest of its queue behind its blocked head is read on the first call."""
         behind = self.behind.setdefault(node, [])
         if node in self.rest:
-            at, src = self.rest.pop(node)
-            behind[at:at] = src.take(self.ctx.config.behind_limit)
+            for at, src in reversed(self.rest.pop(node)):  # the last first: earlier places stay put
+                behind[at:at] = src.take(self.ctx.config.behind_limit)
         return behind[: self.ctx.config.behind_limit]
+
+    def _take(self, w: Waiting, node: str) -> None:
+        self.cands.setdefault(node, []).append(w)
+        self.free[node] -= w.need
+        self.fair.take(w.job, w.need)
 
     def step(self, key: str, w: Waiting, src: _Peek) -> bool:
         """Take ``w`` from queue ``key``; False when that queue is not read further."""
@@ -88,8 +118,7 @@ class _Merge:
             return self._place(w)
         free = self.free.get(node, 0)
         if node not in self.blocked and free >= w.need:
-            self.cands.setdefault(node, []).append(w)
-            self.free[node] -= w.need
+            self._take(w, node)
             return True
         if node not in self.blocked:
             total = self.ctx.cpu.nodes[node].total
@@ -101,34 +130,41 @@ class _Merge:
         behind = self.behind.setdefault(node, [])
         behind.append(w)
         if key:  # the rest of this node's queue waits behind it
-            self.rest[node] = (len(behind), src)
+            self.rest.setdefault(node, []).append((len(behind), src))
             return False
         return True
 
     def _place(self, w: Waiting) -> bool:
         ctx = self.ctx
+        if self.placing is not None:  # another job's new trajectory found no node first: FCFS behind it
+            w.status = wait(message=f"behind {self.placing.spec.action_id}, a new trajectory that waits")
+            return False
         sb = ctx.sandboxes.get(w.spec.sandbox)
         mem = sb.mem_mib if sb is not None else w.spec.mem_mib
         target = ctx.cpu.place(w.need, mem, self.free, self.blocked)
         if target is None:
             w.status = _placement_shortfall(ctx, w.need, mem, self.free)
+            self.placing = w
             return False  # new trajectories queue FCFS behind this one
         self.tentative[w.spec.sandbox] = target
-        self.cands.setdefault(target, []).append(w)
-        self.free[target] -= w.need
+        self._take(w, target)
         return True
 
 
-def _open_queues(ctx: PassContext) -> tuple[dict[str, _Peek], list[tuple[int, str]]]:
-    """A reader per non-empty per-node CPU queue, and a heap of (head's seq, queue key)."""
-    iters: dict[str, _Peek] = {}
-    heads: list[tuple[int, str]] = []
-    for key in ctx.pending.cpu_queues():
-        it = ctx.pending.cpu_queue(key)
+Key = tuple[str, str]  # a CPU queue: (node or "" for none yet, job)
+
+
+def _open_queues(ctx: PassContext) -> tuple[dict[Key, _Peek], dict[str, list[tuple[int, Key]]]]:
+    """A reader per non-empty per-node CPU queue, and per job a heap of (head's seq, queue key)."""
+    iters: dict[Key, _Peek] = {}
+    heads: dict[str, list[tuple[int, Key]]] = {}
+    for key in ctx.pending.cpu_lanes():
+        it = ctx.pending.cpu_queue(*key)
         first = next(it)
-        heads.append((first.seq, key))
+        heads.setdefault(key[1], []).append((first.seq, key))
         iters[key] = _Peek(first, it)
-    heapq.heapify(heads)
+    for heap in heads.values():
+        heapq.heapify(heap)
     return iters, heads
 
 
@@ -218,10 +254,11 @@ def _options(ctx: PassContext, spec: ActionSpec, spare: int) -> dict[int, float]
 
 
 def _allocate(ctx: PassContext, group: list[Waiting], read_waiting: Callable[[], list[Waiting]],
-              free_units: int, node: str) -> list[int]:
+              free_units: int, node: str, fair: Fair | None = None) -> list[int]:
     """Units per candidate (0: held back), via DPArrange and greedy eviction.
     ``read_waiting()``: the actions behind the candidates (ApproxACTs' queue), read only
-    when the decision needs them.
+    when the decision needs them. ``fair``: a candidate's units beyond its minimum stop at
+    what its job's share or cap leaves (``jobs.Fair.limit``).
 
     Beyond the paper's loop (which never evicts the last candidate), the whole prefix may
     be held back when its head could use more units than are free now and ApproxACTs
@@ -237,8 +274,10 @@ def _allocate(ctx: PassContext, group: list[Waiting], read_waiting: Callable[[],
     # each candidate may use what its predecessors' minimums leave: the units of the ones
     # behind it are its to take when greedy eviction holds those back
     options, curves, before = [], [], 0
-    for w in group:
-        opts, curve = _memo_options(ctx, w, free_units - before - w.need)
+    limits = [fair.limit(w.job) if fair is not None else None for w in group]
+    for w, lim in zip(group, limits, strict=True):
+        spare = free_units - before - w.need
+        opts, curve = _memo_options(ctx, w, spare if lim is None else max(0, min(spare, lim)))
         options.append(opts)
         curves.append(curve)
         before += w.need
@@ -255,7 +294,8 @@ def _allocate(ctx: PassContext, group: list[Waiting], read_waiting: Callable[[],
     behind = [ctx.behind(w) for w in waiting]
     # only the head may hold the prefix for more units (as a fixed DoP would wait at the
     # head): a later candidate that wants more is what tail eviction is for
-    head_grows = cand_behind[0].options[-1][0] > max(options[0])
+    head_grows = cand_behind[0].options[-1][0] > max(options[0]) and (
+        limits[0] is None or max(options[0]) < group[0].need + limits[0])  # not when its job's limit binds
     units = greedy_eviction(table, options, running, cand_behind, behind, free_units, ctx.config.depth,
                             hold_all=bool(running) and head_grows)
     if any(units):

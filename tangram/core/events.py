@@ -143,6 +143,24 @@ class ClientGone:
 
 
 @dataclass(frozen=True)
+class JobDefined:
+    """An RL job's weight and caps (``jobs.py``): ``caps`` maps ``cpu`` (cores), ``gpu``
+    (GPUs), ``api`` (units of every API) or ``api:<name>`` to the most its actions may hold."""
+
+    job: str
+    weight: float = 1.0
+    caps: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class JobJoined:
+    """A client named its job: its actions belong to ``job`` from now on (``""``: the default)."""
+
+    client: str
+    job: str
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed; the core acts on deadlines that are due."""
 
@@ -162,5 +180,7 @@ Event = (
     | ActionCancelled
     | ServiceEvicted
     | ClientGone
+    | JobDefined
+    | JobJoined
     | Tick
 )

@@ -23,14 +23,11 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from tangram.core.dp import Arrangement, DPTable, Options
-
 __all__ = [
     "Chunk",
     "ChunkOperator",
     "FreeChunks",
     "chunk_size",
-    "gpu_arrange",
     "packable",
     "root_chunks",
 ]
@@ -167,13 +164,3 @@ class ChunkOperator:
             return np.full_like(states, -1)
         return np.where(self._digits[:, idx] > 0, states - self._stride[idx], -1)
 
-
-def gpu_arrange(options: Options, allocator: FreeChunks) -> Arrangement:
-    """The optimum chunk per GPU task over every packable multiset, like ``dp_arrange`` for plain units.
-
-    ``options[i]`` maps GPU counts (rounded up to chunks) to durations. Raises ``Infeasible`` when even the
-    smallest options do not fit the allocator's free chunks together.
-    """
-    if not options:
-        return 0.0, []
-    return DPTable(options, ChunkOperator(allocator)).best()

@@ -20,7 +20,7 @@ from itertools import islice
 from typing import TYPE_CHECKING
 
 from tangram.core import commands as cmd
-from tangram.core import prewake
+from tangram.core import jobs, prewake
 from tangram.core.actions import ActionSpec, Kind
 from tangram.core.approx import greedy_eviction
 from tangram.core.dp import DPTable
@@ -38,14 +38,16 @@ if TYPE_CHECKING:
 def run(ctx: PassContext, out: list[cmd.Command]) -> None:
     """Algorithm 1 over the GPU queue: the FCFS prefix whose minimum chunks fit (with the
     tentative busy masks of this pass), grouped per node; elastic calls get their chunk
-    sizes from DPArrange with the chunk-wise operator (Algorithm 4)."""
+    sizes from DPArrange with the chunk-wise operator (Algorithm 4). With several RL jobs
+    the queue is read in fair order and a job at its GPU cap is passed over (``jobs.py``)."""
     busy = {n: node.busy for n, node in ctx.gpu.nodes.items()}
     groups: dict[str, list[Waiting]] = {}
     wants: dict[str, frozenset[tuple[str, int]]] = {}  # per grouped call: what the calls behind it want
     blocked = False
     behind: list[Waiting] = []
     soon: Soon = {}
-    queue = _Prefix(ctx.pending.lane(GPU), 2 * ctx.config.behind_limit + 2)
+    fair, lane = jobs.ordered(ctx.jobs, ctx.pending.lanes(GPU), GPU)
+    queue = _Prefix(lane, 2 * ctx.config.behind_limit + 2)
     aware = ctx.config.policy == TANGRAM and ctx.config.cache_aware
     window = _Window(queue, ctx.config.behind_limit) if aware else None
     wake = prewake.enabled(ctx)
@@ -56,6 +58,8 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
             behind.append(w)
             continue
         size = chunk_size(w.spec.key_demand.min)
+        if fair.over_cap(w, size):  # its job is passed over for the rest of the pass
+            continue
         wanted: dict[tuple[str, int], int] = {}
         if window is not None:
             window.advance(i)
@@ -75,11 +79,13 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
             continue
         busy[pl.node] |= ctx.gpu.nodes[pl.node].chunk_mask(pl.start, pl.size)
         groups.setdefault(pl.node, []).append(w)
+        fair.take(w.job, size)
         if wanted:
             wants[w.spec.action_id] = frozenset(wanted)
     ctx.examined(GPU, queue.seen)  # a cost meter
+    capped = ctx.jobs.capped(GPU)
     for node in sorted(groups):
-        _start_group(ctx, node, groups[node], behind, wants, out)
+        _start_group(ctx, node, groups[node], behind, wants, out, fair if capped else None)
     if wake:
         prewake.run(ctx, queue.read(), out)
 
@@ -88,7 +94,7 @@ class _Prefix:
     """The GPU queue as a list that is read from the lane only as far as it is indexed
     (at most twice that far: reads double, starting at ``first``)."""
 
-    def __init__(self, lane: Lane, first: int) -> None:
+    def __init__(self, lane: Lane | jobs.FairLane, first: int) -> None:
         self._len = len(lane)
         self._it = iter(lane)
         self._read: list[Waiting] = list(islice(self._it, first))
@@ -272,13 +278,16 @@ def _free_copy(ctx: PassContext, victim: Instance, node: str, busy: dict[str, in
 
 
 def _start_group(ctx: PassContext, node: str, group: list[Waiting], behind: list[Waiting],
-                 wants: dict[str, frozenset[tuple[str, int]]], out: list[cmd.Command]) -> None:
+                 wants: dict[str, frozenset[tuple[str, int]]], out: list[cmd.Command],
+                 fair: jobs.Fair | None = None) -> None:
     gnode = ctx.gpu.nodes[node]
     sizes = _sizes(ctx, gnode, group, behind)
     for w, size in zip(group, sizes, strict=False):
         if size == 0:
             w.status = wait(message="held back: starting it now would raise the summed completion time")
             continue
+        if fair is not None:  # a larger chunk stops at the job's GPU cap
+            size = fair.clamp(w, size, w.spec.key_demand)
         wanted = wants.get(w.spec.action_id, frozenset())
         pl = ctx.gpu.choose(w.spec.service, size, {}, set(), only=node, wanted=wanted)
         if pl is None and size != chunk_size(w.spec.key_demand.min):

@@ -10,7 +10,8 @@ adding and removing must not cost anything proportional to the queue's length:
   what ``Scheduler.queues`` shows), the FCFS orders a pass reads (per node and node-less
   for CPU, merged from one lane per sandbox; one lane for GPU and per API), and indexes
   by sandbox and by client, so that closing a sandbox or losing a client looks only at
-  that sandbox's or client's actions.
+  that sandbox's or client's actions. Each FCFS order is kept per RL job (``Waiting.job``;
+  ``jobs.py`` reads the jobs' orders of a pool in fair order); with one job there is one.
 """
 from __future__ import annotations
 
@@ -94,15 +95,18 @@ class Pending:
     node's queue is the merge, by seq, of the lanes of the sandboxes bound to it (one lane
     per sandbox, plus a lane per node of those lanes' heads), and the sandboxes without a
     node yet form the node-less queue (key ``""``). Binding a sandbox to a node moves one
-    head, however many actions the sandbox has queued."""
+    head, however many actions the sandbox has queued. Every such queue is per job: a
+    node's (or the node-less) queue of job ``j`` merges the lanes of ``j``'s sandboxes (a
+    sandbox's lane takes the job of its first action); a GPU or API pool has a lane per job."""
 
     def __init__(self) -> None:
         self.pools: dict[str, dict[str, Waiting]] = {}  # pool -> id -> action, in seq order
-        self._lanes: dict[str, Lane] = {}  # non-CPU pool -> its FCFS lane
+        self._lanes: dict[str, dict[str, Lane]] = {}  # non-CPU pool -> job -> its FCFS lane
         self._pool_of: dict[str, str] = {}
         self._sb_lane: dict[str, Lane] = {}  # CPU: sandbox -> its queued actions
-        self._sb_node: dict[str, str] = {}  # CPU: sandbox -> the node whose queue holds it ("": none)
-        self._heads: dict[str, Lane] = {}  # CPU: node -> the heads of its sandboxes' lanes
+        self._sb_node: dict[str, tuple[str, str]] = {}  # CPU: sandbox -> (node of its queue or "", job)
+        self._heads: dict[tuple[str, str], Lane] = {}  # CPU: (node, job) -> the heads of its sandboxes' lanes
+        self.by_job: dict[str, int] = {}  # job -> its queued actions
         self._by_sandbox: dict[str, dict[str, Waiting]] = {}
         self._by_client: dict[str, dict[str, Waiting]] = {}
 
@@ -116,12 +120,19 @@ class Pending:
     def pool_of(self, aid: str) -> str | None:
         return self._pool_of.get(aid)
 
-    def lane(self, pool: str) -> Lane:
-        """The FCFS lane of a non-CPU pool."""
-        lane = self._lanes.get(pool)
+    def lane(self, pool: str, job: str = "") -> Lane:
+        """The FCFS lane of a non-CPU pool (of one job's actions)."""
+        lanes = self._lanes.get(pool)
+        if lanes is None:
+            lanes = self._lanes[pool] = {}
+        lane = lanes.get(job)
         if lane is None:
-            lane = self._lanes[pool] = Lane()
+            lane = lanes[job] = Lane()
         return lane
+
+    def lanes(self, pool: str) -> dict[str, Lane]:
+        """The non-empty FCFS lanes of a non-CPU pool, by job."""
+        return {job: lane for job, lane in self._lanes.get(pool, {}).items() if lane}
 
     def add(self, pool: str, w: Waiting, node: str = "") -> None:
         """Queue ``w`` in ``pool``; a CPU action joins its sandbox's lane, which a new
@@ -133,12 +144,13 @@ class Pending:
             lane = self._sb_lane.get(sandbox)
             if lane is None:
                 lane = self._sb_lane[sandbox] = Lane()
-                self._sb_node[sandbox] = node
+                self._sb_node[sandbox] = (node, w.job)
             if not lane:
                 self._heads_of(self._sb_node[sandbox]).add(w)
             lane.add(w)
         else:
-            self.lane(pool).add(w)
+            self.lane(pool, w.job).add(w)
+        self.by_job[w.job] = self.by_job.get(w.job, 0) + 1
         if sandbox:
             self._by_sandbox.setdefault(sandbox, {})[aid] = w
         self._by_client.setdefault(w.spec.client, {})[aid] = w
@@ -151,7 +163,12 @@ class Pending:
         if pool == CPU:
             self._remove_cpu(w)
         else:
-            self._lanes[pool].remove(w)
+            self._lanes[pool][w.job].remove(w)
+        left = self.by_job[w.job] - 1
+        if left:
+            self.by_job[w.job] = left
+        else:
+            del self.by_job[w.job]
         _unindex(self._by_sandbox, w.spec.sandbox, aid)
         _unindex(self._by_client, w.spec.client, aid)
         return w
@@ -170,32 +187,37 @@ class Pending:
             del self._sb_lane[sandbox]
             del self._sb_node[sandbox]
 
-    def _heads_of(self, node: str) -> Lane:
-        heads = self._heads.get(node)
+    def _heads_of(self, key: tuple[str, str]) -> Lane:
+        heads = self._heads.get(key)
         if heads is None:
-            heads = self._heads[node] = Lane()
+            heads = self._heads[key] = Lane()
         return heads
 
     def bind(self, sandbox: str, node: str) -> None:
         """The sandbox now lives on ``node``: its queued CPU actions move to that node's
         queue (keeping their places by seq) at the cost of moving one head."""
         old = self._sb_node.get(sandbox)
-        if old is None or old == node:
+        if old is None or old[0] == node:
             return
         head = self._sb_lane[sandbox].head()
         assert head is not None
         self._heads[old].remove(head)
-        self._heads_of(node).add(head)
-        self._sb_node[sandbox] = node
+        new = (node, old[1])
+        self._heads_of(new).add(head)
+        self._sb_node[sandbox] = new
 
     def cpu_queues(self) -> list[str]:
-        """The nodes ("" for none yet) whose CPU queue is not empty."""
-        return [node for node, heads in self._heads.items() if heads]
+        """The nodes ("" for none yet) whose CPU queue (of some job) is not empty."""
+        return list(dict.fromkeys(node for (node, _), heads in self._heads.items() if heads))
 
-    def cpu_queue(self, node: str) -> Iterator[Waiting]:
-        """The CPU queue of ``node`` in seq order, read lazily: k actions cost O(k log k)
-        however long the queue is. Do not add or remove while reading."""
-        heads = iter(self._heads.get(node, ()))
+    def cpu_lanes(self) -> list[tuple[str, str]]:
+        """The (node, job) pairs whose CPU queue is not empty ("" node: none yet)."""
+        return [key for key, heads in self._heads.items() if heads]
+
+    def cpu_queue(self, node: str, job: str = "") -> Iterator[Waiting]:
+        """The CPU queue of ``node`` (of ``job``'s actions) in seq order, read lazily: k
+        actions cost O(k log k) however long the queue is. Do not add or remove while reading."""
+        heads = iter(self._heads.get((node, job), ()))
         nxt = next(heads, None)
         later: list[tuple[int, Waiting, Iterator[Waiting]]] = []  # next action of each lane read so far
         lanes = self._sb_lane

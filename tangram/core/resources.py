@@ -9,7 +9,6 @@ a contiguous range ``[lo, hi]`` or a discrete set (``{1, 2, 4, 8}`` GPUs).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 CPU = "cpu"
@@ -100,40 +99,3 @@ class Demand:
             return "amounts must be >= 0"
         return None
 
-
-@dataclass(frozen=True)
-class ResourceVector(Mapping[str, int]):
-    """An immutable mapping resource type -> integer amount (missing means 0)."""
-
-    items_: tuple[tuple[str, int], ...] = ()
-
-    @staticmethod
-    def of(amounts: Mapping[str, int]) -> ResourceVector:
-        return ResourceVector(tuple(sorted((k, int(v)) for k, v in amounts.items() if v)))
-
-    def __getitem__(self, key: str) -> int:
-        for k, v in self.items_:
-            if k == key:
-                return v
-        return 0
-
-    def __iter__(self) -> Iterator[str]:
-        return (k for k, _ in self.items_)
-
-    def __len__(self) -> int:
-        return len(self.items_)
-
-    def __add__(self, other: Mapping[str, int]) -> ResourceVector:
-        out = dict(self.items_)
-        for k, v in other.items():
-            out[k] = out.get(k, 0) + v
-        return ResourceVector.of(out)
-
-    def __sub__(self, other: Mapping[str, int]) -> ResourceVector:
-        out = dict(self.items_)
-        for k, v in other.items():
-            out[k] = out.get(k, 0) - v
-        return ResourceVector.of(out)
-
-    def covers(self, other: Mapping[str, int]) -> bool:
-        return all(self[k] >= v for k, v in other.items())

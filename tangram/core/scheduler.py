@@ -1,4 +1,4 @@
-"""The scheduler: one pure state machine for every driver (paper §4, Algorithm 1).
+"""The scheduler: one pure state machine for every driver (Algorithm 1: docs/scheduler.md).
 
 ``Scheduler.handle(event, now)`` applies one event and returns the commands to carry out,
 in order; ``next_deadline()`` says when it next needs a ``Tick``. Numbered rules:
@@ -31,7 +31,7 @@ import itertools
 from dataclasses import dataclass
 from random import Random
 
-from tangram.core import api_pass, cpu_pass, gpu_pass
+from tangram.core import api_pass, cpu_pass, gpu_pass, jobs
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, DurationHistory, Kind, duration
@@ -89,6 +89,9 @@ class Scheduler:
         self.history = DurationHistory(default_s=self.config.default_duration_s)
         self.pending = Pending()  # the queued actions: by pool, per lane in seq order, by sandbox and client
         self.running = RunningTable()
+        self.jobs = jobs.JobBook()  # RL jobs: weights, caps, what each holds (fed by the running table)
+        self.running.on_start = lambda r: self.jobs.on_start(r, self.now)
+        self.running.on_end = lambda r: self.jobs.on_end(r, self.now)
         self._behind_memo: dict[tuple[object, ...], Behind] = {}
         self.sandboxes: dict[str, Sandbox] = {}
         self._client_sandboxes: dict[str, dict[str, None]] = {}  # client -> its open sandboxes
@@ -291,6 +294,7 @@ class Scheduler:
                 self._finish(aid, ok=False, reason="client gone", out=out)
         for name in sorted(self._client_sandboxes.get(e.client, {})):
             self._on_sandbox_closed(ev.SandboxClosed(name), out)
+        self.jobs.leave(e.client)
 
     def _on_tick(self, e: ev.Tick, out: list[cmd.Command]) -> None:
         for name in self.basic.apis:
@@ -311,7 +315,8 @@ class Scheduler:
         if sb is not None and sb.lost:
             out.append(cmd.Reject(spec.action_id, "SANDBOX_LOST", f"sandbox {sb.sandbox} was lost with its node"))
             return
-        st = self._never(spec)
+        job, pool = self.jobs.job_of(spec.client), self._pool(spec)
+        st = self._never(spec) or jobs.never_fits(self.jobs, spec, pool, job)
         if st is not None:
             self.counters["rejected"] = self.counters.get("rejected", 0) + 1
             out.append(cmd.Reject(spec.action_id, "NO_CAPACITY", st.message, st.reasons))
@@ -319,10 +324,9 @@ class Scheduler:
         if spec.kind is Kind.EXEC and sb is not None and sb.reserve > 0:
             cpu_pass.exec_reserved(self._ctx, sb, spec, out)
             return
-        pool = self._pool(spec)
         self._seq += 1
         deadline = self.now + spec.timeout_s if spec.timeout_s > 0 else None
-        w = Waiting(spec, self._seq, self.now, deadline, need=self._min_units(spec))
+        w = Waiting(spec, self._seq, self.now, deadline, need=self._min_units(spec), job=job)
         self.pending.add(pool, w, self._sub_key(spec) if pool == CPU else "")
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, self._seq, spec.action_id))
@@ -550,7 +554,7 @@ class Scheduler:
             for w in rows
         )
         return Snapshot(self.now, tuple(nodes), services, apis, queue, queued, len(self.running),
-                        tuple(sorted(self.counters.items())))
+                        tuple(sorted(self.counters.items())), jobs.rows(self))
 
 
 def _api_pool(name: str) -> str:
@@ -579,5 +583,7 @@ _HANDLERS = {
     ev.ActionCancelled: Scheduler._on_cancelled,
     ev.ServiceEvicted: Scheduler._on_service_evicted,
     ev.ClientGone: Scheduler._on_client_gone,
+    ev.JobDefined: jobs.on_defined,
+    ev.JobJoined: jobs.on_joined,
     ev.Tick: Scheduler._on_tick,
 }

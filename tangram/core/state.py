@@ -3,6 +3,7 @@ read-only views that ``Scheduler.snapshot()`` returns. Plain data; the logic tha
 these records lives in ``scheduler.py``, ``cpu_pass.py`` and ``gpu_pass.py``."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ class Waiting:
     deadline: float | None
     status: Status = ADMITTED
     need: int = 0  # the policy's minimum units, fixed at submission
+    job: str = ""  # its client's job when it was submitted (jobs.py)
     # the CPU pass's unit options, memoised on the T_ori they were built from
     memo: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
 
@@ -42,10 +44,13 @@ class Running:
 class RunningTable(dict[str, Running]):
     """The running actions by id, with indexes so that no event scans the whole cluster:
     per node (``on(node)``, and per node and kind), per sandbox and per client. Only
-    ``[id] = r`` and ``pop(id)`` change it; every index keeps start order."""
+    ``[id] = r`` and ``pop(id)`` change it; every index keeps start order. ``on_start`` and
+    ``on_end`` (set by the scheduler) hear of every action that enters and leaves it."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.on_start: Callable[[Running], None] | None = None
+        self.on_end: Callable[[Running], None] | None = None
         self._by_node: dict[str, dict[str, Running]] = {}
         self._by_node_kind: dict[tuple[str, Kind], dict[str, Running]] = {}
         self._by_sandbox: dict[str, dict[str, Running]] = {}
@@ -56,6 +61,8 @@ class RunningTable(dict[str, Running]):
         old = self.get(aid)
         if old is not None:
             self._unindex(aid, old)
+            if self.on_end is not None:
+                self.on_end(old)
         super().__setitem__(aid, r)
         self._by_node.setdefault(r.node, {})[aid] = r
         self._by_node_kind.setdefault((r.node, r.spec.kind), {})[aid] = r
@@ -63,6 +70,8 @@ class RunningTable(dict[str, Running]):
             self._by_sandbox.setdefault(r.spec.sandbox, {})[aid] = r
         self._by_client.setdefault(r.spec.client, {})[aid] = r
         self._changes[r.node] = self._changes.get(r.node, 0) + 1
+        if self.on_start is not None:
+            self.on_start(r)
 
     def pop(self, aid: str, *default: Running) -> Running:  # type: ignore[override]
         if aid not in self:
@@ -71,6 +80,8 @@ class RunningTable(dict[str, Running]):
             raise KeyError(aid)
         r = super().pop(aid)
         self._unindex(aid, r)
+        if self.on_end is not None:
+            self.on_end(r)
         return r
 
     def _unindex(self, aid: str, r: Running) -> None:
@@ -146,6 +157,7 @@ class Snapshot:
     queued: int
     running: int
     counters: tuple[tuple[str, int], ...]
+    jobs: tuple[dict[str, object], ...] = ()  # per RL job: weight, caps, held, shares (jobs.py)
 
 
 

@@ -89,7 +89,7 @@ def register(env_id: str = ENV_ID) -> None:
     """Register `TangramSandboxEnv` with SkyRL-Gym, so `skyrl_gym.make(env_id, ...)` builds it."""
     if BASE != "skyrl_gym":
         raise ImportError(f"skyrl_gym does not import ({IMPORT_ERROR}): pip install skyrl-gym")
-    from skyrl_gym.envs import register as skyrl_register
+    from skyrl_gym.envs import register as skyrl_register  # optional dependency, checked above
 
     skyrl_register(id=env_id, entry_point=f"{__name__}:TangramSandboxEnv")
 

@@ -42,7 +42,7 @@ NAMES = ("tangram", "k8s", "static", "serverless", "fixed-dop:K", "api-retry", "
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Direct API calls: ROLL-style retries (anchors.md §3: max 3 retries, backoff 2.0)."""
+    """Direct API calls: ROLL-style retries (docs/simulator.md §6.5: max 3 retries, backoff 2.0)."""
 
     max_attempts: int = 4  # the first call + 3 retries
     base_s: float = 1.0  # assumption: first backoff 1 s

@@ -1,32 +1,34 @@
 """The simulated cluster: node inventory, and the model that turns start commands into
 finish events at the right virtual time.
 
-Defaults are the paper's external pool (§6): 15 CPU nodes x 256 cores (2 NUMA domains),
-2.4 TB each; 5 GPU nodes x 8 GPUs with 3 TB host memory. Times and rates come from
-shared/design/anchors.md (each field says which row):
+Defaults are the paper's external pool: 15 CPU nodes x 256 cores (2 NUMA domains), 2.4 TB
+each; 5 GPU nodes x 8 GPUs with 3 TB host memory. Times and rates come from published or
+measured figures; each field names its row. § numbers here are sections of docs/simulator.md,
+whose §6 writes down these sources:
 
 * a command's action runs for ``T_ori / (E(m) m)`` with its *true* T_ori (noise is drawn
   with the plan, so every policy sees the same work);
 * ``Invoke`` after a ``Load`` of the same chunk in the same command list first restores the
-  service: ``restore_t0_s + bytes per GPU / h2d_gb_s`` (anchors §1.2 "restore model");
+  service: ``restore_t0_s + bytes per GPU / h2d_gb_s`` (§6.3, restore model);
   a ``Load`` with no ``Invoke`` after it (a pre-wake) restores on its own, and a later
   ``Invoke`` on those GPUs starts when that restore ends (the node runs them in order): what
   is left of the restore then lies on the call's path (``Run.restore_s``), and the pre-wake's
   GPU-seconds are counted apart (``prewake_gpu_s``);
 * ``CreateSandbox`` takes ``sandbox_create_s`` and each node creates at most
-  ``sandbox_create_per_s`` containers per second (anchors §1.1 docker rows);
+  ``sandbox_create_per_s`` containers per second (§6.2, the docker rows); with warm sandbox
+  pools (``pool_max > 0``, pool.py) a ready pooled one is claimed in ``sandbox_claim_s`` instead;
 * the Kubernetes baseline talks to the API server through **one FIFO request queue**
   (the job's sandbox manager's API client): a pod create (``Reserve``) holds it for
-  ``1 / pod_api_per_s`` (anchors §1.1 agent-sandbox: pod scheduling tops out near 70
-  pods/s) and the pod is Ready ``pod_ready_s`` after its turn (EKS create -> Ready); every
+  ``1 / pod_api_per_s`` (§6.2: pod scheduling tops out near 70 pods/s with
+  agent-sandbox) and the pod is Ready ``pod_ready_s`` after its turn (EKS create -> Ready); every
   action run in a pod is an exec API request (``POST .../pods/NAME/exec``) that holds it
   for ``1 / pod_exec_api_qps`` (the client's default ``--kube-api-qps=50``, same row), so
   pod start and exec latency grow with the number of concurrent trajectories. The exec
   request joins the queue when the action is started (``Spawn``), and the action runs once
   its request has had its turn and the pod is Ready, plus the exec's own latency;
 * every ``Spawn`` pays a per-action control cost before it runs: the direct path's 3.7 ms
-  (anchors §1.6) in a Tangram sandbox, an exec through the container runtime (~68 ms,
-  anchors §1.1) in a Kubernetes pod (after its turn in the API queue above);
+  (§6.2) in a Tangram sandbox, an exec through the container runtime (~68 ms, §6.2) in a
+  Kubernetes pod (after its turn in the API queue above);
 * ``Kill`` finishes the action at once with ``ok=False``;
 * a ``Grant`` of an API with keys is a call with that key to a provider that enforces each
   key's limits (``KeyedProvider``): over a limit it answers HTTP 429 (the rollout code sees
@@ -50,29 +52,38 @@ from tangram.core import events as ev
 from tangram.core.actions import Elasticity, duration
 from tangram.core.managers.keys import WINDOW_S, ApiKey
 from tangram.errors import ConfigError
+from tangram.sim.pool import SimPools
 
 GIB = 1024
 
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    cpu_nodes: int = 15  # paper §6
-    cores_per_node: int = 256  # paper §6 (AMD, 2 sockets -> 2 NUMA domains: assumption)
+    cpu_nodes: int = 15  # §6.1
+    cores_per_node: int = 256  # §6.1 (AMD, 2 sockets -> 2 NUMA domains: assumption)
     numa_per_node: int = 2
-    cpu_mem_gib: float = 2235.0  # 2.4 TB = 2235 GiB (paper §6)
-    gpu_nodes: tuple[int, ...] = (8, 8, 8, 8, 8)  # GPUs per GPU node (paper §6)
+    cpu_mem_gib: float = 2235.0  # 2.4 TB = 2235 GiB (§6.1)
+    gpu_nodes: tuple[int, ...] = (8, 8, 8, 8, 8)  # GPUs per GPU node (§6.1)
     gpu_mem_gib: float = 80.0  # Hopper H100 80 GB: assumption (the paper says "Hopper")
-    host_mem_gib: float = 2794.0  # 3 TB per GPU node (paper §6): parks every service
-    restore_t0_s: float = 0.15  # anchors §1.2 restore model: t0 = 0.1-0.2 s
-    h2d_gb_s: float = 50.0  # anchors §1.2: pinned H2D 53-57 GB/s; ServerlessLLM ~50 GB/s
-    sandbox_create_s: float = 0.5  # anchors §1.1: docker run, 8-core host, 0.5 s
-    sandbox_create_per_s: float = 8.0  # anchors §1.1: 500 containers in 60-75 s (~7-8/s)
-    pod_ready_s: float = 0.85  # anchors §1.1: EKS create -> Ready 0.8-0.9 s, image pre-pulled
-    pod_api_per_s: float = 70.0  # anchors §1.1: pod scheduling tops out near 70 pods/s
-    exec_overhead_s: float = 0.0037  # anchors §1.6: direct path (cgroup write + nsenter + write back)
-    pod_exec_overhead_s: float = 0.068  # anchors §1.1: docker exec / SDK exec_run p50 ~68 ms; a pod exec
+    host_mem_gib: float = 2794.0  # 3 TB per GPU node (§6.1): parks every service
+    restore_t0_s: float = 0.15  # §6.3 restore model: t0 = 0.1-0.2 s
+    h2d_gb_s: float = 50.0  # §6.3: pinned H2D 53-57 GB/s; ServerlessLLM ~50 GB/s
+    sandbox_create_s: float = 0.5  # §6.2: docker run, 8-core host, 0.5 s
+    sandbox_create_per_s: float = 8.0  # §6.2: 500 containers in 60-75 s (~7-8/s)
+    # Warm sandbox pools (pool.py; the controller's `sandbox_pool`): pool_max 0 = none. A claim costs
+    # the agent's CreateSandbox round trip with a pooled container, measured live (docs/scheduler.md).
+    sandbox_claim_s: float = 0.002
+    pool_min: int = 0
+    pool_max: int = 0
+    pool_window_s: float = 10.0
+    pool_history_s: float = 600.0
+    pool_mem_fraction: float = 0.25
+    pod_ready_s: float = 0.85  # §6.2: EKS create -> Ready 0.8-0.9 s, image pre-pulled
+    pod_api_per_s: float = 70.0  # §6.2: pod scheduling tops out near 70 pods/s
+    exec_overhead_s: float = 0.0037  # §6.2: direct path (cgroup write + nsenter + write back)
+    pod_exec_overhead_s: float = 0.068  # §6.2: docker exec / SDK exec_run p50 ~68 ms; a pod exec
     # goes through the API server and kubelet as well, so this is a lower bound
-    pod_exec_api_qps: float = 50.0  # anchors §1.1 agent-sandbox cold-claim row: the default client
+    pod_exec_api_qps: float = 50.0  # §6.2 agent-sandbox row: the default client
     # `--kube-api-qps=50`. Every action in a pod is one exec API request (a lower bound: `kubectl exec`
     # also GETs the pod first) from the job's one sandbox-manager client (assumption), FIFO in the same
     # queue as the pod creates above; no burst allowance (assumption). The kube-apiserver itself does not
@@ -189,6 +200,7 @@ class ClusterModel:
         self.prewakes = 0
         self.prewake_gpu_s = 0.0
         self._loading: dict[tuple[str, int], float] = {}  # (node, GPU) -> a pre-wake restore ends at
+        self.pools = SimPools(spec) if spec.pool_max > 0 else None
 
     def apply(self, commands: Sequence[cmd.Command], now: float) -> list[tuple[float, ev.Event]]:
         out: list[tuple[float, ev.Event]] = []
@@ -228,6 +240,11 @@ class ClusterModel:
             elif t is cmd.Grant:
                 out.extend(self._grant(c, now))
             elif t is cmd.CreateSandbox:
+                free = self._create_free.get(c.node, 0.0)
+                claimed = self.pools.create(c, now, free) if self.pools is not None else None
+                if claimed is not None:
+                    self.ready[c.sandbox] = claimed
+                    continue
                 begin = max(now, self._create_free.get(c.node, 0.0))
                 self._create_free[c.node] = begin + 1.0 / self.spec.sandbox_create_per_s
                 self.ready[c.sandbox] = begin + self.spec.sandbox_create_s
@@ -242,7 +259,15 @@ class ClusterModel:
                 out.append((now, ev.ActionFinished(c.action_id, ok=False, reason=c.reason or "killed")))
             elif t is cmd.DestroySandbox:
                 self.ready.pop(c.sandbox, None)
+                if self.pools is not None:
+                    self.pools.destroyed(c.sandbox)
         return out
+
+    def pool_counters(self) -> dict[str, int]:
+        """Opens served from a warm pool and cold ones (none without pools)."""
+        if self.pools is None:
+            return {}
+        return {"pool_claims": self.pools.claims, "pool_colds": self.pools.colds}
 
     def _grant(self, c: cmd.Grant, now: float) -> list[tuple[float, ev.Event]]:
         tr = self.truth(c.action_id)

@@ -45,6 +45,7 @@ class ActRecord:
     ok: bool = True
     attempts: int = 0
     api: str = ""
+    job: str = ""  # its RL job ("": the default)
 
 
 @dataclass(slots=True)
@@ -145,6 +146,8 @@ class Engine:
             self._feed(ev.ServiceDefined(name, mem, g.chunk_sizes, load, per_size=per_size))
         for a in self.workload.all_apis():
             self._feed(ev.ApiDefined(a.name, a.mode, a.limit, a.period_s, a.keys))
+        for j in self.workload.jobs if self.workload.fair else ():
+            self._feed(ev.JobDefined(j.name, j.weight, j.caps))
 
     # -- the loop --------------------------------------------------------------------------
     def push(self, t: float, code: int, item: Any) -> None:
@@ -181,6 +184,7 @@ class Engine:
         counters = dict(getattr(self.core, "inner", self.core).counters)
         counters["restores"] = self.cluster.restores
         counters["prewakes"] = self.cluster.prewakes
+        counters.update(self.cluster.pool_counters())
         counters["api_429"] = sum(p.refused for p in self.providers.values())
         return SimResult(
             self.workload.name,
@@ -245,12 +249,14 @@ class Engine:
         for plan in plans:
             tr = Traj(plan, step, now)
             self.trajs.append(tr)
+            if plan.job and self.workload.fair:  # the trajectory is the client; it names its job
+                self._feed(ev.JobJoined(plan.tid, plan.job))
             if plan.sandboxed:
                 if self.policy.reserve is not None:
                     reserve = self.policy.reserve or plan.pod_cores
                 self._feed(ev.SandboxOpened(plan.tid, plan.tid, plan.mem_mib, "", reserve or 0, plan.task))
             if plan.actions:
-                self.push(now + plan.actions[0].think_s, WAKE, tr)
+                self.push(now + plan.start_s + plan.actions[0].think_s, WAKE, tr)
             else:
                 self._end(tr)
 
@@ -258,7 +264,7 @@ class Engine:
         now = self.clock.now()
         plan = tr.plan.actions[tr.idx]
         aid = f"{tr.plan.tid}/{tr.idx}" + (f".{tr.again}" if tr.again else "")
-        rec = ActRecord(aid, tr.plan.task, plan.category, plan.kind, now, api=plan.api)
+        rec = ActRecord(aid, tr.plan.task, plan.category, plan.kind, now, api=plan.api, job=tr.plan.job)
         self.records.append(rec)
         self.acts[aid] = (tr, plan, rec)
         if plan.kind == "api" and self.policy.api_direct:

@@ -1,4 +1,4 @@
-"""The paper's experiments (§6) as runs of the simulator. Each returns a JSON-ready dict:
+"""The paper's experiments (docs/simulator.md §3) as runs of the simulator. Each returns a JSON-ready dict:
 ``{"experiment", "rows": [...], "paper": {...}, "ours": {...}}`` where ``rows`` has one
 entry per (configuration, policy) with the metrics of ``metrics.summarize``.
 
@@ -13,14 +13,14 @@ from dataclasses import replace
 from typing import Any
 
 from tangram.errors import ConfigError
-from tangram.sim import workloads
+from tangram.sim import fairness, pool_experiment, workloads
 from tangram.sim.baselines import parse_policy
 from tangram.sim.cluster import ClusterSpec
 from tangram.sim.engine import simulate
 from tangram.sim.metrics import summarize
 
-EXPERIMENTS = ("fig6", "fig7", "fig8-cpu", "fig8-gpu", "fig9", "table1")
-# The paper's baseline per workload (§6).
+EXPERIMENTS = ("fig6", "fig7", "fig8-cpu", "fig8-gpu", "fig9", "table1", "jobs", "pool")
+# The paper's baseline per workload (docs/simulator.md §6.1).
 BASELINE = {
     "coding": "k8s",
     "deepsearch": "api-retry+static",
@@ -35,7 +35,7 @@ FIG6_BATCH = {
 }  # assumption: loaded cluster
 
 Progress = Callable[[str], None]
-CPU_PATH_S = 0.0037  # per CPU action: cgroup write + nsenter + write back (anchors.md §1.6 direct path)
+CPU_PATH_S = 0.0037  # per CPU action: cgroup write + nsenter + write back (docs/simulator.md §6.2)
 
 
 def run_one(
@@ -266,7 +266,7 @@ def table1(
     seed: int, spec: ClusterSpec | None, note: Progress, batches: tuple[int, ...] = (256, 1024, 2048)
 ) -> dict[str, Any]:
     """Scheduler decision time (measured here, CPython) and the modelled per-action control
-    overhead: 3.7 ms per CPU action on the direct path (anchors.md §1.6) and GPU restores."""
+    overhead: 3.7 ms per CPU action on the direct path (docs/simulator.md §6.2) and GPU restores."""
     rows, ours = [], {}
     for w in ("coding", "mopd"):
         for b in batches:
@@ -310,4 +310,8 @@ def run_experiment(
         return fig9(seed, spec, note)
     if name == "table1":
         return table1(seed, spec, note)
+    if name == "jobs":  # not the paper's: many RL jobs with fair shares (issue 14, part 3)
+        return fairness.experiment(seed, spec, note, batch)
+    if name == "pool":  # not the paper's: warm sandbox pools (issue 14, part 1)
+        return pool_experiment.experiment(seed, spec, note, batch)
     raise ConfigError(f"unknown experiment {name!r}", hint=f"use one of {', '.join(EXPERIMENTS)}")

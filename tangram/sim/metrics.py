@@ -24,6 +24,10 @@ Definitions (docs/simulator.md):
   a call of it waited the whole minute, the requests and tokens served per minute against
   the sum of its keys' RPM and TPM limits; ``share_of_limit`` is the larger of the two
   shares (the binding limit's).
+* RL jobs (``jobs``, only for a workload whose trajectories name jobs; ``job_summary``): per
+  job its actions, queue wait (start - submission: p50, p99, mean), core-seconds and
+  GPU-seconds, and ``saturated_core_s``: the core-seconds it held while *every* job had a CPU
+  action waiting (``saturated_s`` in all), when the weights decide the split.
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ def summarize(r: SimResult) -> dict[str, Any]:
     out["prewake_gpu_s"] = r.prewake_gpu_s
     out["api_429"] = r.counters.get("api_429", 0)
     out["keyed"] = keyed_throughput(r)
+    if jobs := job_summary(r):
+        out["jobs"] = jobs
     shares = [v["share_of_limit"] for v in out["keyed"].values() if v["minutes"]]
     out["keyed_share"] = min(shares) if shares else None  # None: no keyed API waited a whole minute
     d = list(r.decide_s)
@@ -184,4 +190,54 @@ def _saturated_minutes(recs: list[ActRecord], served: list[tuple[float, int]]) -
         if any(a <= m and m + MINUTE <= b for a, b in covered):
             out.append(m)
         m += MINUTE
+    return out
+
+
+def _windows(r: SimResult, jobs: list[str]) -> list[tuple[float, float]]:
+    """The intervals during which every job in ``jobs`` had a CPU action waiting."""
+    edges = []
+    for x in r.records:
+        start = x.start if x.start >= 0 else x.end
+        if x.kind == "exec" and start > x.submit:
+            edges += [(x.submit, 1, x.job), (start, -1, x.job)]
+    edges.sort()
+    waiting = dict.fromkeys(jobs, 0)
+    out: list[tuple[float, float]] = []
+    since: float | None = None
+    for t, d, job in edges:
+        waiting[job] += d
+        every = all(n > 0 for n in waiting.values())
+        if every and since is None:
+            since = t
+        elif not every and since is not None:
+            if t > since:
+                out.append((since, t))
+            since = None
+    return out
+
+
+def job_summary(r: SimResult) -> dict[str, dict[str, Any]]:
+    """Per job of the run (module docstring); empty when no trajectory names a job."""
+    jobs = sorted({x.job for x in r.records if x.job})
+    if not jobs:
+        return {}
+    job_of = {x.aid: x.job for x in r.records}
+    wins = _windows(r, jobs) if len(jobs) > 1 else []
+    out: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        waits = [max(0.0, x.start - x.submit) for x in r.records if x.job == job]
+        out[job] = {"actions": len(waits), "p50_wait_s": _pct(waits, 0.5), "p99_wait_s": _pct(waits, 0.99),
+                    "mean_wait_s": sum(waits) / len(waits) if waits else 0.0, "core_s": 0.0, "gpu_s": 0.0,
+                    "saturated_core_s": 0.0}
+    for aid, run in r.runs.items():
+        row = out.get(job_of.get(aid, ""))
+        if row is None:
+            continue
+        row["core_s" if run.resource == "cpu" else "gpu_s"] += run.units * max(0.0, run.end - run.start)
+        if run.resource == "cpu":
+            row["saturated_core_s"] += run.units * sum(
+                max(0.0, min(b, run.end) - max(a, run.start)) for a, b in wins
+            )
+    for row in out.values():
+        row["saturated_s"] = sum(b - a for a, b in wins)
     return out

@@ -14,6 +14,7 @@ import zlib
 from typing import Any
 
 from tangram.errors import ConfigError
+from tangram.sim.report import compare
 
 # one palette for all figures: a policy keeps its colour everywhere
 POLICY_COLOURS: dict[str, str] = {
@@ -43,7 +44,7 @@ def colour_of(policy: str) -> str:
 
 
 def _plt() -> Any:
-    try:
+    try:  # matplotlib is optional (the `plot` extra): imported only when a plot is asked for
         import matplotlib
 
         matplotlib.use("Agg")
@@ -169,7 +170,7 @@ def _fig7(ax: Any, rows: list[dict[str, Any]], used: Colours) -> None:
 
 
 def _legend(ax: Any, used: Colours) -> None:
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch  # optional dependency; _plt() checked it is there
 
     ax.legend(
         handles=[Patch(color=c, label=p) for p, c in used.items()], fontsize=8, loc="upper center", ncol=4
@@ -189,8 +190,6 @@ def _line(ax: Any, rows: list[dict[str, Any]], ylabel: str, used: Colours, x: st
 
 def _vs_paper(ax: Any, doc: dict[str, Any]) -> None:
     """Our ratios (Tangram's colour) next to the paper's (hatched), where the paper gives a number."""
-    from tangram.sim.report import compare
-
     rows = [r for r in compare(doc) if r.ratio is not None]
     if not rows:
         ax.set_axis_off()

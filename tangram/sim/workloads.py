@@ -19,7 +19,9 @@ YAML schema (every value is documented in the files themselves)::
     apis: [{name, mode: quota|concurrency, limit, period_s,
             keys: [{name, rpm, tpm, concurrency}]}]  # a key pool (limit 0: only the keys' limits)
     cluster: {gpu_nodes: [..]}  # optional override of the cluster spec
-    mix: [{workload, share}]    # a composite workload (mopd+search)
+    mix: [{workload, share, job, start_s}]  # a composite workload (mopd+search); ``job``: the part is
+                                # an RL job of its own, its trajectories start ``start_s`` late
+    jobs: {NAME: {weight, caps: {cpu, gpu, api, api:<name>}}}  # the jobs' weights and caps
 
 DIST is a number, or ``{dist: lognormal, median, sigma[, lo, hi]}``, ``{dist: uniform, lo,
 hi}``, ``{dist: uniform_int, lo, hi}``.
@@ -28,7 +30,7 @@ hi}``, ``{dist: uniform_int, lo, hi}``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from random import Random
@@ -36,11 +38,17 @@ from typing import Any
 
 import yaml
 
+from tangram.core.jobs import JobSpec
 from tangram.core.managers.keys import ApiKey
 from tangram.errors import ConfigError
 
-NAMES = ("coding", "deepsearch", "deepsearch-keys", "mopd", "mopd+search")
-_FILES = {"mopd+search": "mopd_search", "deepsearch-keys": "deepsearch_keys"}
+NAMES = ("coding", "deepsearch", "deepsearch-keys", "mopd", "mopd+search", "coding-jobs", "coding-burst")
+_FILES = {
+    "mopd+search": "mopd_search",
+    "deepsearch-keys": "deepsearch_keys",
+    "coding-jobs": "coding_jobs",
+    "coding-burst": "coding_burst",
+}
 
 
 @dataclass(frozen=True)
@@ -158,6 +166,10 @@ class Workload:
     noise_sigma: float = 0.1
     cluster: dict[str, Any] = field(default_factory=dict)
     mix: tuple[tuple[Workload, float], ...] = ()
+    job: str = ""  # the RL job its trajectories belong to ("": the default job)
+    start_s: float = 0.0  # its trajectories start this long after the step does
+    jobs: tuple[JobSpec, ...] = ()  # the jobs' weights and caps (a composite of jobs)
+    fair: bool = True  # False: the core hears of no job (every action in the default job)
 
     def parts(self) -> list[tuple[Workload, float]]:
         return list(self.mix) if self.mix else [(self, 1.0)]
@@ -203,6 +215,8 @@ class TrajPlan:
     pod_cores: int
     sandboxed: bool
     actions: list[ActionPlan]
+    job: str = ""  # its RL job ("": the default)
+    start_s: float = 0.0  # its first action comes this long after the step starts (plus think time)
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -237,13 +251,14 @@ def _keys(raw: Any) -> tuple[ApiKey, ...]:
 
 def from_dict(doc: dict[str, Any], where: str = "workload") -> Workload:
     if "mix" in doc:
-        mix = tuple((load(m["workload"]), float(m["share"])) for m in doc["mix"])
+        mix = tuple((_part(m), float(m["share"])) for m in doc["mix"])
         return Workload(
             name=str(doc["name"]),
             description=str(doc.get("description", "")),
             mix=mix,
             train_s=float(doc.get("train_s", 0.0)),
             cluster=dict(doc.get("cluster") or {}),
+            jobs=_jobs(doc.get("jobs") or {}, f"{where}.jobs"),
         )
     services = tuple(
         ServiceGroup(
@@ -285,6 +300,35 @@ def from_dict(doc: dict[str, Any], where: str = "workload") -> Workload:
         noise_sigma=float(doc.get("noise_sigma", 0.1)),
         cluster=dict(doc.get("cluster") or {}),
     )
+
+
+def _part(m: dict[str, Any]) -> Workload:
+    """A part of a composite; one with a ``job`` is renamed ``<job>-<workload>`` (its own
+    trajectories, ids and duration history) and may start ``start_s`` late."""
+    w = load(m["workload"])
+    job = str(m.get("job", ""))
+    if not job:
+        return w
+    return replace(w, name=f"{job}-{w.name}", job=job, start_s=float(m.get("start_s", 0.0)))
+
+
+def _jobs(raw: dict[str, Any], where: str) -> tuple[JobSpec, ...]:
+    out = []
+    for name, d in sorted(raw.items()):
+        caps = tuple(sorted((str(k), int(v)) for k, v in (d.get("caps") or {}).items()))
+        spec = JobSpec(str(name), float(d.get("weight", 1.0)), caps)
+        if (problem := spec.problem()) is not None:
+            raise ConfigError(
+                f"{where}.{name}: {problem}", hint="weights are numbers > 0; caps: cpu, gpu, api"
+            )
+        out.append(spec)
+    return tuple(out)
+
+
+def without_jobs(w: Workload) -> Workload:
+    """The same workload as the scheduler without jobs sees it: one FCFS queue per pool. Its
+    trajectories keep their job names, for the figures only."""
+    return replace(w, name=f"{w.name}-no-jobs", fair=False)
 
 
 def load(name_or_path: str) -> Workload:
@@ -365,7 +409,9 @@ def plan_trajectory(w: Workload, seed: int, index: int) -> TrajPlan:
     if w.reward is not None:
         actions.append(_plan_action(w, w.reward, rng, w.think_s.draw(rng), "reward", services))
     sandboxed = any(a.kind == "exec" for a in actions)
-    return TrajPlan(f"{w.name}-{index}", w.name, w.sandbox_mem_mib, w.pod_cores, sandboxed, actions)
+    return TrajPlan(
+        f"{w.name}-{index}", w.name, w.sandbox_mem_mib, w.pod_cores, sandboxed, actions, w.job, w.start_s
+    )
 
 
 def generate(w: Workload, batch: int, seed: int, step: int = 0) -> list[TrajPlan]:

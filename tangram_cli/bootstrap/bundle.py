@@ -19,6 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import agent
 from tangram_cli.bootstrap import plan
 
 PACKAGES = ("agent", "tangram")
@@ -60,8 +61,6 @@ class Bundle:
 
 def project_root() -> Path:
     """The directory holding the ``agent`` and ``tangram`` packages."""
-    import agent
-
     return Path(agent.__file__).resolve().parent.parent
 
 

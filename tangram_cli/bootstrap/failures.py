@@ -25,6 +25,11 @@ import click
 
 from tangram_cli import state as st
 from tangram_cli.bootstrap import procs
+from tangram_cli.hostlist import compress
+from tangram_cli.render import status as rs
+
+# Imported where used, not here: teardown (asyncssh) and rich. `tangram status -o json` loads this module
+# when the last `up` failed on some hosts, and that path must stay fast (tangram_cli/commands/status.py).
 
 
 def record(state: st.ClusterState, results: Mapping[str, Any], roles: Mapping[str, str]) -> None:
@@ -82,7 +87,7 @@ def settle(
     stop_ctl = not kept and (fresh and whole or not registered)
     hosts = [h for h in state.hosts if h.name in agents and h.connection == "ssh"]
     if hosts:
-        from tangram_cli.bootstrap import teardown
+        from tangram_cli.bootstrap import teardown  # start-up cost: see the note at the top
 
         for name, down in teardown.stop_hosts(hosts, state.cluster_id, purge=False).items():
             if not down.ok:
@@ -101,8 +106,6 @@ def settle(
 def _settled_message(
     name: str, results: Mapping[str, Any], pid: int | None, agents: list[str], registered: bool
 ) -> str:
-    from tangram_cli.hostlist import compress
-
     what = ([f"the controller (pid {pid})"] if pid else []) + (
         [f"the agents on {compress(agents)}"] if agents else []
     )
@@ -150,8 +153,6 @@ def status_rows(failed: Iterable[Mapping[str, Any]], known: Iterable[str] = ()) 
 
 def with_failures(records: Mapping[str, Any], state: st.ClusterState) -> dict[str, Any]:
     """The controller's status records plus a ``failed`` row per recorded failure it does not list."""
-    from tangram_cli.render import status as rs
-
     nodes = rs.rows(records, "nodes")
     extra = status_rows(state.failed, (rs.node_name(r) for r in nodes))
     if not extra:
@@ -162,14 +163,12 @@ def with_failures(records: Mapping[str, Any], state: st.ClusterState) -> dict[st
 def print_offline(state: st.ClusterState, *, output: str) -> None:
     """`tangram status` of a cluster whose controller is gone but whose last `up` recorded failed
     hosts: print those (a NODES table, or JSON) so the reasons stay visible."""
-    from tangram_cli.render import status as rs
-
     records = {"nodes": status_rows(state.failed)}
     if output == "json":
         doc = {**rs.to_json(records, state), "running": False}
         click.echo(json.dumps(doc, sort_keys=True, default=str))
         return
-    from rich.console import Console
+    from rich.console import Console  # start-up cost: see the note at the top
 
     console = Console(highlight=False, soft_wrap=False)
     if not console.is_terminal:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import shlex
 import time
 from collections.abc import AsyncIterator, Callable
@@ -30,10 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from tangram.errors import TangramError
+from tangram_cli import keys
 from tangram_cli import state as st
 from tangram_cli.bootstrap import bundle as bdl
-from tangram_cli.bootstrap import local, plan, ssh
+from tangram_cli.bootstrap import plan, ssh
 from tangram_cli.errors import BootstrapError
+from tangram_cli.inventory import Node
+from tangram_cli.inventory.configs import agent_config
 
 MIN_PYTHON = (3, 10)
 
@@ -98,7 +100,7 @@ def describe(exc: BaseException) -> tuple[str, str]:
 
 
 class _Host:
-    def __init__(self, job: Job, node: Any, result: HostResult) -> None:
+    def __init__(self, job: Job, node: Node, result: HostResult) -> None:
         self.job, self.node, self.result = job, node, result
         self.note = ""
         self.run_dir = plan.cluster_dir(node.workdir, job.cluster)
@@ -215,7 +217,7 @@ class _Host:
         return agent_files(self.node, home, self.run_dir, self.job)
 
 
-async def bootstrap_host(job: Job, node: Any, result: HostResult) -> str:
+async def bootstrap_host(job: Job, node: Node, result: HostResult) -> str:
     """Bootstrap one host; returns how its agent runs ("started", "running", "restarted").
     Raises the typed error of the step that failed (``result.step`` names it)."""
     h = _Host(job, node, result)
@@ -236,7 +238,7 @@ async def bootstrap_host(job: Job, node: Any, result: HostResult) -> str:
 # ---------------------------------------------------------------- what goes to a node
 
 
-def agent_files(node: Any, home: str, run_dir: str, job: Job) -> dict[str, bytes]:
+def agent_files(node: Node, home: str, run_dir: str, job: Job) -> dict[str, bytes]:
     """What goes into the node's run directory: ``agent.json`` and, with CURVE, the node's own keypair
     and the controller's public key (mode 0600). ``home``: the login's home, for ``~`` paths."""
     state = job.state
@@ -245,11 +247,9 @@ def agent_files(node: Any, home: str, run_dir: str, job: Job) -> dict[str, bytes
     files: dict[str, bytes] = {}
     curve = None
     if state.certs:
-        from tangram_cli import keys
-
         files = keys.agent_files(Path(state.certs), node.name)
         curve = {"controller_public": f"{abs_run}/controller.key", "secret": f"{abs_run}/agent.key_secret"}
-    cfg = local.agent_config(
+    cfg = agent_config(
         node,
         cluster=state.name,
         controller=job.controller_url,
@@ -261,11 +261,11 @@ def agent_files(node: Any, home: str, run_dir: str, job: Job) -> dict[str, bytes
         curve=curve,
         cluster_id=state.cluster_id,
     )
-    files["agent.json"] = (json.dumps(cfg, indent=2) + "\n").encode()
+    files["agent.json"] = cfg.to_json().encode()
     return files
 
 
-def check_facts(node: Any, facts: dict[str, Any]) -> None:
+def check_facts(node: Node, facts: dict[str, Any]) -> None:
     """Raise BootstrapError when the probed node cannot run what the inventory asks of it."""
     py = str(facts.get("python") or "0")
     try:

@@ -1,4 +1,4 @@
-"""The embedded local default (architecture.md section 11), and the pieces `up` shares with SSH.
+"""The embedded local default (docs/operations.md §2), and the pieces `up` shares with SSH.
 
 `tangram up` with no inventory starts cluster ``local``: the controller and one agent as detached
 processes on this machine (``setsid``, stdio to log files under ``clusters/local/logs/``), on
@@ -9,29 +9,38 @@ which any local user can use: development only). The executor is ``docker`` when
 node gets emulated ones (8 x 80 GiB unless ``--gpus``/``--gpu-mem``).
 
 The controller is started from its resolved configuration (``controller.json``, built by
-``controller_config`` from the inventory), reports its ports through ``--ready-file``, and `up`
-then blocks until every agent shows up in the controller's status records. `up` on a recorded
-cluster keeps what runs; a controller that died is restarted in place (restart.py); the process
-helpers live in procs.py.
+``controller_config`` from the inventory: tangram_cli/inventory/configs.py), reports its ports
+through ``--ready-file``, and `up` then blocks until every agent shows up in the controller's status
+records. `up` on a recorded cluster keeps what runs; a controller that died is restarted in place
+(restart.py); the process helpers live in procs.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tangram.errors import ConfigError, TangramError
+from tangram_cli import keys
 from tangram_cli import state as st
 from tangram_cli.bootstrap import procs, restart
 from tangram_cli.errors import BootstrapError
 
-REWARD_MODEL = "agent.gpu.demo_services:reward"
+if TYPE_CHECKING:
+    from agent.config import AgentConfig
+    from tangram_cli.controller.config import ControllerConfig
+    from tangram_cli.inventory import Inventory, Node
+
+# Imported where used, not here (start-up cost: `tangram down` and the other callers of this module's
+# helpers load it in ~0.1 s): docker-py (~0.3 s) and the modules that need it, pynvml, the process
+# executor's containment check (~0.1 s), and the inventory with the configurations it makes
+# (tangram_cli.inventory: pydantic and yaml, ~0.35 s), which only starting a cluster needs.
+
 HOSTROOT_IMAGE = "tangram/hostroot:1"
 DEFAULT_LOCAL_GPUS = 8
 DEFAULT_LOCAL_GPU_MEM_MIB = 80 * 1024
@@ -45,136 +54,13 @@ terminate = procs.terminate
 wait_registered = procs.wait_registered
 
 
-# ---------------------------------------------------------------- resolved configuration
-
-
-def _service_dict(s: Any, *, local_demo: bool) -> dict[str, Any]:
-    model = s.model
-    if model is None and s.runtime == "emulated":
-        model = (
-            REWARD_MODEL
-            if local_demo or s.name in ("reward", "demo-reward")
-            else "agent.gpu.demo_services:echo"
-        )
-    out: dict[str, Any] = {
-        "name": s.name,
-        "runtime": s.runtime,
-        "model": model,
-        "gpu_mem_mib": s.gpu_mem_mib or 0,
-        "chunk_sizes": list(s.gpus),
-        "load_s": float(s.load_s or 0.0),
-    }
-    if s.host_mem_mib:
-        out["host_mem_mib"] = s.host_mem_mib
-    if s.duration_ms is not None:
-        out["t_ori"] = s.duration_ms / 1000
-    return out
-
-
-def controller_config(inv: Any, *, local_demo: bool = False) -> dict[str, Any]:
-    """The controller's ``--config`` JSON (see tangram_cli/controller/config.py) from an Inventory.
-
-    For the local default the demo needs GPU service ``reward`` (the emulated reward model in
-    ``agent.gpu.demo_services``) and API ``search`` with a concurrency limit; both are added when
-    the inventory does not define them.
-    """
-    services: dict[str, dict[str, Any]] = {}
-    for node in inv.nodes:
-        for s in node.services:
-            services.setdefault(s.name, _service_dict(s, local_demo=local_demo))
-    apis = [
-        {"name": a.name, "mode": a.mode, "limit": a.limit, "period_s": (a.period_ms or 60_000) / 1000}
-        for a in inv.apis
-    ]
-    if local_demo:
-        if "reward" not in services:
-            services["reward"] = {
-                "name": "reward",
-                "runtime": "emulated",
-                "model": REWARD_MODEL,
-                "gpu_mem_mib": 16 * 1024,
-                "chunk_sizes": [1],
-                "load_s": 1.0,
-                "t_ori": 0.2,
-                "host_mem_mib": 16 * 1024,
-            }
-        if not any(a["name"] == "search" for a in apis):
-            apis.append({"name": "search", "mode": "concurrency", "limit": 4, "period_s": 60.0})
-    profiles: dict[str, Any] = {}
-    for p in inv.profiles:
-        if p.efficiency is not None:
-            profiles[p.name] = {"efficiency": {str(k): v for k, v in p.efficiency.items()}}
-        else:
-            profiles[p.name] = {"serial_fraction": p.serial_fraction}
-    return {
-        "cluster": inv.cluster,
-        "scheduler": {"depth": inv.scheduler.depth, "client_grace_s": inv.scheduler.client_grace_ms / 1000},
-        "services": list(services.values()),
-        "apis": apis,
-        "profiles": profiles,
-    }
-
-
-def agent_config(
-    node: Any,
-    *,
-    cluster: str,
-    controller: str,
-    workdir: str,
-    executor: str,
-    emulated_gpus: int,
-    gpu_mem_mib: int | None,
-    cpus: Iterable[int] | None = None,
-    idle_cpus: Iterable[int] | None = None,
-    allow_remote: bool = False,
-    curve: Mapping[str, str] | None = None,
-    cluster_id: str = "",
-) -> dict[str, Any]:
-    """The agent's ``--config agent.json`` (keys of agent.config.AgentConfig); ``curve`` holds the
-    paths of the agent's secret certificate and the controller's public key; ``cluster_id`` is the
-    cluster's unique id ("": a legacy cluster without one)."""
-    cfg: dict[str, Any] = {
-        "controller": controller,
-        "name": node.name,
-        "cluster": cluster,
-        "executor": executor,
-        "workdir": workdir,
-    }
-    if cluster_id:
-        cfg["cluster_id"] = cluster_id
-    cpus = list(cpus) if cpus is not None else (list(node.cpus) if node.cpus else None)
-    idle = list(idle_cpus) if idle_cpus is not None else (list(node.idle_cpus) if node.idle_cpus else None)
-    if cpus:
-        cfg["cpus"] = cpus
-    if idle:
-        cfg["idle_cpus"] = idle
-    if node.mem_mib:
-        cfg["mem_mib"] = node.mem_mib
-    if node.image:
-        cfg["image"] = node.image
-    if getattr(node, "trusted_code_only", False):
-        cfg["trusted_code_only"] = True
-    if emulated_gpus:
-        cfg["emulated_gpus"] = emulated_gpus
-        if gpu_mem_mib:
-            cfg["gpu_mem_mib"] = gpu_mem_mib
-    if curve:
-        cfg["curve"] = dict(curve)
-    elif allow_remote:
-        cfg["allow_remote"] = True
-    log_format = os.environ.get("TANGRAM_LOG_FORMAT", "").strip().lower()
-    if log_format in ("text", "json"):  # agents over SSH do not inherit `up`'s environment
-        cfg["log_format"] = log_format
-    return cfg
-
-
 # ---------------------------------------------------------------- machine facts
 
 
 def docker_answers(timeout_s: float = 3.0) -> bool:
     """True when ``docker.from_env().ping()`` succeeds."""
     try:
-        import docker
+        import docker  # start-up cost: see the note at the top
 
         client = docker.from_env(timeout=int(max(1, timeout_s)))
         try:
@@ -188,7 +74,7 @@ def docker_answers(timeout_s: float = 3.0) -> bool:
 def ensure_hostroot() -> None:
     """Import ``tangram/hostroot:1`` if missing, then start one throw-away sandbox-like container
     (``--init --network none``, host directories read-only) to prove dockerd can run them."""
-    import docker
+    import docker  # start-up cost: see the note at the top
 
     from agent.executors.images import ensure_hostroot_image, hostroot_mounts
 
@@ -239,7 +125,7 @@ def choose_executor(requested: str, on_event: Callable[[str], None] | None = Non
 def nvml_gpu_count() -> int:
     """GPUs NVML finds here (0 without a driver)."""
     try:
-        import pynvml
+        import pynvml  # start-up cost: see the note at the top
 
         pynvml.nvmlInit()
         try:
@@ -260,8 +146,8 @@ def online_cpus() -> list[int]:
 # ---------------------------------------------------------------- the local cluster
 
 
-def local_inventory() -> Any:
-    from tangram_cli.inventory import local_default
+def local_inventory() -> Inventory:
+    from tangram_cli.inventory import local_default  # start-up cost: see the note at the top
 
     return local_default()
 
@@ -412,17 +298,19 @@ def _answers(state: st.ClusterState) -> bool:
 
 @dataclass(frozen=True)
 class _LocalSetup:
-    node: Any
+    node: Node
     executor: str
     emulated: int
     gpu_mem_mib: int
     gpu_text: str
-    config: dict[str, Any]
+    config: ControllerConfig
 
     @classmethod
     def choose(
         cls, executor: str, gpus: int | None, gpu_mem_mib: int | None, say: Callable[[str], None]
     ) -> _LocalSetup:
+        from tangram_cli.inventory.configs import controller_config  # start-up cost: see the top
+
         inv = local_inventory()
         node = inv.nodes[0]
         chosen = choose_executor(executor if executor != "auto" else node.executor, say)
@@ -445,8 +333,6 @@ def _start_fresh_controller(
 ) -> st.ClusterState:
     certs = ""
     if curve:
-        from tangram_cli import keys
-
         certs = str(keys.ensure_cluster_keys(cluster, [setup.node.name]))
         say(f"CURVE keys: {certs}")
     else:
@@ -457,7 +343,7 @@ def _start_fresh_controller(
         cluster,
         bind="127.0.0.1",
         ports={"agents": 0, "submit": 0, "status": 0},
-        config={**setup.config, "cluster_id": cluster_id},
+        config=replace(setup.config, cluster_id=cluster_id),
         certs=certs or None,
     )
     assert proc is not None
@@ -482,6 +368,8 @@ def _start_fresh_controller(
 def _start_first_agent(
     state: st.ClusterState, setup: _LocalSetup, timeout_s: float, say: Callable[[str], None]
 ) -> None:
+    from tangram_cli.inventory.configs import agent_config  # start-up cost: see the top
+
     node, cpus = setup.node, online_cpus()
     workdir = st.cluster_dir(state.name) / "agent"
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -499,8 +387,8 @@ def _start_first_agent(
         cluster_id=state.cluster_id,
     )
     if setup.executor == "process":
-        _contain_or_trust(acfg, say)
-    (workdir / "agent.json").write_text(json.dumps(acfg, indent=2) + "\n")
+        acfg = _contain_or_trust(acfg, say)
+    (workdir / "agent.json").write_text(acfg.to_json())
     host = st.HostState(name=node.name, host="127.0.0.1", connection="local", workdir=str(workdir))
     proc = procs.start_local_agent(state.name, host)
     host.pid = proc.pid
@@ -510,22 +398,21 @@ def _start_first_agent(
     restart.wait_agents(state, [node.name], {node.name: proc}, None, timeout_s)
 
 
-def _contain_or_trust(acfg: dict[str, Any], say: Callable[[str], None]) -> None:
+def _contain_or_trust(acfg: AgentConfig, say: Callable[[str], None]) -> AgentConfig:
     """The process executor refuses to start where it cannot contain sandboxes (not root, no cpuset, memory
     or pids cgroup: docs/agent.md). The local default must still come up with one command: there it runs
     actions uncontained (``trusted_code_only``, as the user who ran `tangram up`) and says so."""
-    from agent.executors.proc_contain import check
+    from agent.executors.proc_contain import check  # start-up cost: see the note at the top
 
     missing = check(probe=True).missing
-    if missing:
-        acfg["trusted_code_only"] = True
-        say(f"sandboxes are NOT contained (trusted code only): {missing[0]}")
+    if not missing:
+        return acfg
+    say(f"sandboxes are NOT contained (trusted code only): {missing[0]}")
+    return acfg.with_values(trusted_code_only=True)
 
 
 def _local_curve(certs: str, node: str) -> dict[str, str]:
     """A local agent reads its keys straight from the cluster's certs directory."""
-    from tangram_cli import keys
-
     d = Path(certs)
     return {
         "controller_public": str(d / f"{keys.CONTROLLER}.key"),
@@ -540,7 +427,7 @@ def remove_cluster_containers(cluster: str, cluster_id: str) -> int:
     cluster of that name (another user, or another TANGRAM_HOME, on this Docker daemon)."""
     if not cluster_id or not docker_answers(2.0):
         return 0
-    import docker
+    import docker  # start-up cost: see the note at the top
 
     from agent.executors.docker import LABEL_CLUSTER, LABEL_CLUSTER_ID
 

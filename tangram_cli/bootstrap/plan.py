@@ -1,6 +1,6 @@
 """Bootstrap plan: what `tangram up` does on each host, as data. PURE: no I/O, no clock.
 
-Per host the steps are connect, check, probe, upload, install, start, wait (architecture.md section 9).
+Per host the steps are connect, check, probe, upload, install, start, wait (docs/operations.md §3.3).
 This module builds each remote command as a string whose every variable part is either checked
 by the inventory (host names, users, paths, python) or passed through ``shlex.quote``; tests
 check the strings. ``bootstrap/ssh.py`` only runs them.

@@ -17,12 +17,17 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from tangram import logfmt
 from tangram.errors import ControllerUnreachable, TangramError
 from tangram_cli import state as st
+from tangram_cli.bootstrap import netaddr
 from tangram_cli.errors import BootstrapError
 from tangram_cli.render import status as rs
+
+if TYPE_CHECKING:
+    from tangram_cli.controller.config import ControllerConfig
 
 CONTROLLER_READY_TIMEOUT_S = 30.0
 DOWN_STATES = ("down", "down*", "unreach", "boot", "lost", "gone")
@@ -88,7 +93,7 @@ def start_controller(
     *,
     bind: str,
     ports: Mapping[str, int],
-    config: Mapping[str, Any],
+    config: ControllerConfig,
     timeout_s: float = CONTROLLER_READY_TIMEOUT_S,
     foreground_argv: bool = False,
     certs: str | None = None,
@@ -100,7 +105,7 @@ def start_controller(
     """
     d = st.ensure_dirs(name)
     cfg_path = st.controller_config_path(name)
-    cfg_path.write_text(json.dumps(config, indent=2) + "\n")
+    cfg_path.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     ready = d / "controller.ready"
     with contextlib.suppress(FileNotFoundError):
         ready.unlink()
@@ -128,8 +133,6 @@ def start_controller(
 def last_error(text: str) -> str:
     """The last error a process wrote: an ``error: ...`` line (the CLI's), a log record at ERROR or
     above (either log format), or a traceback's final ``SomeError: ...`` line; "" if none."""
-    from tangram import logfmt
-
     for line in reversed(text.splitlines()):
         line = line.strip()
         if line.startswith("error: "):
@@ -145,8 +148,6 @@ def last_error(text: str) -> str:
 def controller_failed(code: int | None, log: Path, offset: int, bind: str) -> BootstrapError:
     """The error `up` shows when the controller exited during start: the reason from its log (only
     what this start wrote, from ``offset``) and a hint for the common ones."""
-    from tangram_cli.bootstrap import netaddr
-
     try:
         with open(log, "rb") as fh:
             fh.seek(offset)

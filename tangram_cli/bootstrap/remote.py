@@ -28,11 +28,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram.errors import ConfigError
+from tangram_cli import keys
 from tangram_cli import state as st
 from tangram_cli.bootstrap import bundle as bdl
-from tangram_cli.bootstrap import failures, local, procs, restart, ssh, teardown
+from tangram_cli.bootstrap import failures, procs, restart, ssh, teardown
 from tangram_cli.bootstrap.hoststeps import HostResult, Job, StepEvent, bootstrap_host, describe
 from tangram_cli.errors import BootstrapError
+from tangram_cli.hostlist import expand
+from tangram_cli.inventory import Inventory, Node, load_inventory
+from tangram_cli.inventory.configs import controller_config
+from tangram_cli.inventory.model import is_loopback
 
 __all__ = ["HostResult", "UpOptions", "UpOutcome", "cluster_name", "known_hosts_path", "up_inventory"]
 
@@ -44,8 +49,6 @@ RECONNECT_GRACE_S = 10.0
 
 
 def cluster_name(path: str) -> str:
-    from tangram_cli.inventory import load_inventory
-
     return load_inventory(path).cluster
 
 
@@ -90,12 +93,10 @@ class UpOutcome:
 # ---------------------------------------------------------------- up
 
 
-def select(inv: Any, limit: str | None) -> list[Any]:
+def select(inv: Inventory, limit: str | None) -> list[Node]:
     """The inventory's nodes, or those ``--limit`` names; only SSH nodes."""
     nodes = list(inv.nodes)
     if limit:
-        from tangram_cli.hostlist import expand
-
         want = set(expand(limit))
         nodes = [n for n in nodes if n.name in want or n.host in want]
         if not nodes:
@@ -117,8 +118,6 @@ def up_inventory(
 ) -> UpOutcome:
     """Bring up the inventory's cluster (or the ``--limit`` part of it); never raises for a host's
     failure (that is in its HostResult), only for the inventory, the controller or the lock."""
-    from tangram_cli.inventory import load_inventory
-
     inv = load_inventory(path)  # InventoryError: exit 2 with every problem
     nodes = select(inv, options.limit)
     bundle = bdl.build()
@@ -155,25 +154,21 @@ def up_inventory(
 
 
 def _loopback(address: str) -> bool:
-    from tangram_cli.inventory.model import is_loopback
-
     return bool(is_loopback(address))
 
 
 def _controller(
-    inv: Any, path: str, bundle: bdl.Bundle, say: Callable[[str], None]
-) -> tuple[Any, bool, bool]:
+    inv: Inventory, path: str, bundle: bdl.Bundle, say: Callable[[str], None]
+) -> tuple[st.ClusterState, bool, bool]:
     """Keep, restart in place, or start the cluster's controller (with its CURVE keys): (state, kept
     (it ran before this `up`), restarted (in place, by this `up`))."""
-    from tangram_cli import keys
-
     state = st.load(inv.cluster)
     kept = state is not None and state.controller_is_ours()
     certs = str(keys.ensure_cluster_keys(inv.cluster, [n.name for n in inv.nodes]))
     state, restarted = restart.inventory_controller(
         inv,
         state,
-        config=local.controller_config(inv),
+        config=controller_config(inv),
         certs=certs,
         inventory=str(path),
         bundle=bundle.digest,
@@ -183,7 +178,7 @@ def _controller(
     return state, kept, restarted is not None
 
 
-def _record_hosts(state: st.ClusterState, cluster: str, nodes: list[Any], digest: str) -> set[str]:
+def _record_hosts(state: st.ClusterState, cluster: str, nodes: list[Node], digest: str) -> set[str]:
     """Record this run's hosts in ``state``; returns the hosts recorded before it."""
     known = {h.name: h for h in state.hosts}
     previous = set(known)
@@ -196,9 +191,9 @@ def _record_hosts(state: st.ClusterState, cluster: str, nodes: list[Any], digest
 
 
 async def _bootstrap_all(
-    job: Job, nodes: list[Any], results: dict[str, HostResult], parallel: int
+    job: Job, nodes: list[Node], results: dict[str, HostResult], parallel: int
 ) -> dict[str, Any]:
-    async def one(node: Any) -> str:
+    async def one(node: Node) -> str:
         return await bootstrap_host(job, node, results[node.name])
 
     return await ssh.run_on_hosts(nodes, one, parallel=parallel)

@@ -23,13 +23,18 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from tangram.errors import ConfigError
 from tangram_cli import state as st
 from tangram_cli.bootstrap import procs
 from tangram_cli.errors import BootstrapError
+
+if TYPE_CHECKING:
+    from tangram_cli.controller.config import ControllerConfig
+    from tangram_cli.inventory import Inventory
 
 PORT_ROLES = ("agents", "submit", "status")
 PORT_SETTLE_S = 3.0
@@ -170,7 +175,7 @@ def port_owner(port: int) -> str | None:
 
 
 def restart_controller(
-    state: st.ClusterState, config: Mapping[str, Any], *, timeout_s: float = procs.CONTROLLER_READY_TIMEOUT_S
+    state: st.ClusterState, config: ControllerConfig, *, timeout_s: float = procs.CONTROLLER_READY_TIMEOUT_S
 ) -> subprocess.Popen[bytes]:
     """Start the controller of ``state`` on its recorded bind address and ports; update ``state``
     (pid, start time; the caller writes it). Raises PortTaken when a port is held by another process."""
@@ -200,14 +205,6 @@ def restart_controller(
     return proc
 
 
-def with_cluster_id(config: Mapping[str, Any], cluster_id: str) -> dict[str, Any]:
-    """``config`` carrying ``cluster_id`` (none for a legacy cluster without one)."""
-    out = {k: v for k, v in config.items() if k != "cluster_id"}
-    if cluster_id:
-        out["cluster_id"] = cluster_id
-    return out
-
-
 def forget_controller_state(name: str) -> None:
     """A fresh start (no controller to restart in place): the previous controller's durable state
     describes sandboxes and actions that are gone, so it is moved aside (``state.jsonl.old``)
@@ -217,7 +214,7 @@ def forget_controller_state(name: str) -> None:
         path.replace(path.with_name(path.name + ".old"))
 
 
-def recorded_config(state: st.ClusterState) -> dict[str, Any]:
+def recorded_config(state: st.ClusterState) -> ControllerConfig:
     """The controller configuration `up` recorded (``controller.json``)."""
     path = st.controller_config_path(state.name)
     try:
@@ -228,7 +225,13 @@ def recorded_config(state: st.ClusterState) -> dict[str, Any]:
         ) from None
     if not isinstance(raw, dict):
         raise BootstrapError(f"{path} is not a JSON object", hint="run `tangram down` then `tangram up`")
-    return raw
+    # start-up cost: the controller's config module (with the protocol) loads only for a restart
+    from tangram_cli.controller.config import parse_config
+
+    try:
+        return parse_config(raw)
+    except ConfigError as exc:
+        raise BootstrapError(f"{path}: {exc.message}", hint="run `tangram down` then `tangram up`") from None
 
 
 # ---------------------------------------------------------------- local agents
@@ -321,10 +324,10 @@ def restart_local(
 
 
 def inventory_controller(
-    inv: Any,
+    inv: Inventory,
     state: st.ClusterState | None,
     *,
-    config: Mapping[str, Any],
+    config: ControllerConfig,
     certs: str,
     inventory: str,
     bundle: str,
@@ -348,7 +351,7 @@ def inventory_controller(
             )
         pid = state.controller_pid
         why = f"controller pid {pid} " + ("now runs another program" if st.pid_alive(pid) else "is gone")
-        proc = restart_controller(state, with_cluster_id(config, state.cluster_id))
+        proc = restart_controller(state, replace(config, cluster_id=state.cluster_id))
         st.write(state)
         r = Restarted(proc.pid, dict(state.ports), why)
         say(f"{why}: {r.summary()}: agents {state.agents_address}, clients {state.address}")
@@ -360,7 +363,7 @@ def inventory_controller(
     ports = {"agents": ctl.ports.agents, "submit": ctl.ports.submit, "status": ctl.ports.status}
     cluster_id = st.new_cluster_id()
     proc, _argv, got = procs.start_controller(
-        inv.cluster, bind=ctl.bind, ports=ports, config=with_cluster_id(config, cluster_id), certs=certs
+        inv.cluster, bind=ctl.bind, ports=ports, config=replace(config, cluster_id=cluster_id), certs=certs
     )
     assert proc is not None
     state = st.ClusterState(

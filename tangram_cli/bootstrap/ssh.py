@@ -1,6 +1,6 @@
 """SSH runner for `tangram up`: connect, run, upload. Thin: commands come from ``plan.py``.
 
-Policy (reliability.md section 4, SSH bootstrap):
+Policy (the operator's view of it: docs/operations.md §3.3 and §3.5):
 
 * Host keys are checked against Tangram's own known_hosts file (``~/.tangram/known_hosts``,
   injectable). ``accept-new`` records the first key seen for ``host:port`` and logs its
@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import random
@@ -417,8 +418,6 @@ async def probe(
     conn: asyncssh.SSHClientConnection, python: str = "python3", timeout: float = 60.0
 ) -> dict[str, Any]:
     """Run the stdlib facts script (plan.FACTS_SCRIPT) and return its JSON facts."""
-    import json
-
     r = await run(conn, plan.probe_argv(python), stdin=plan.probe_stdin(), timeout=timeout)
     host = conn.get_extra_info("peername", ("?", 0))[0]
     if not r.ok:

@@ -14,13 +14,15 @@ from tangram_cli.bench_scheduler import scheduler
 from tangram_cli.params import conform, duration_params
 
 # options of the benchmarks that are seconds: they take a duration (90, 90s, 1.5m) as well
-DURATIONS = ("timeout", "client_grace_s", "long_s", "lost_after_s", "action_timeout_s")
+DURATIONS = (
+    "timeout", "client_grace_s", "long_s", "lost_after_s", "action_timeout_s", "gap", "refill_window"
+)
 
 
 @click.group("bench")
 def command() -> None:
     """Benchmarks: scheduler decision latency, dispatch overhead, burst and scale of the live controller,
-    crash recovery (chaos)."""
+    crash recovery (chaos), warm sandbox pools."""
 
 
 command.add_command(scheduler)
@@ -30,6 +32,7 @@ for _module, _name in (
     ("tangram_cli.bench_burst", "burst"),
     ("tangram_cli.bench_scale", "scale"),
     ("tangram_cli.bench_chaos", "chaos"),
+    ("tangram_cli.bench_pool", "pool"),
 ):
     if importlib.util.find_spec(_module) is not None:
         command.add_command(getattr(importlib.import_module(_module), _name))

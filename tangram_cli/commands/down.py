@@ -24,7 +24,11 @@ import click
 
 from tangram.errors import TangramError
 from tangram_cli import state as st
+from tangram_cli.hostlist import compress
 from tangram_cli.params import Duration, output_option
+
+# Imported where used, not here (start-up cost): bootstrap.teardown and bootstrap.remote (asyncssh) and the
+# inventory (pydantic, yaml) only for a cluster with SSH nodes; bootstrap.local only for local agents.
 
 
 def down_cluster(
@@ -64,7 +68,7 @@ def _visit(
 ) -> list[Any]:
     """Stop (and purge) the SSH hosts; returns those that failed, except ``optional`` ones (inventory
     nodes `up` never logged in to: they hold nothing of the cluster), which are only mentioned."""
-    from tangram_cli.bootstrap import teardown
+    from tangram_cli.bootstrap import teardown  # start-up cost: see the note at the top
 
     done = teardown.stop_hosts(hosts, cluster_id, purge=purge) if hosts else {}
     for host, d in done.items():
@@ -82,7 +86,7 @@ def _visit(
 
 def _stop_here(state: st.ClusterState, *, force: bool, timeout_s: float, echo: Callable[[str], None]) -> None:
     """The controller (SIGUSR1: its `down` path), then local agents still running, by pid."""
-    from tangram_cli.bootstrap import local
+    from tangram_cli.bootstrap import local  # start-up cost: see the note at the top
 
     alive = state.controller_alive()
     if alive:
@@ -111,14 +115,14 @@ def _ssh_hosts(
     the footprint shows `up` never logged in to (nothing to purge there). A purge that would strand
     a node's copy of the cluster's keys (no footprint, no inventory: a cluster recorded before
     footprints) is refused."""
-    from tangram_cli.bootstrap import teardown
+    from tangram_cli.bootstrap import teardown  # start-up cost: see the note at the top
 
     running = [h for h in state.hosts if h.connection == "ssh"] if state else []
     if not purge:
         return running, set()
     from_inventory = []
     if inventory:
-        from tangram_cli.inventory import load_inventory
+        from tangram_cli.inventory import load_inventory  # start-up cost: see the note at the top
 
         inv = load_inventory(inventory)
         from_inventory = [teardown.host_state(n, inv.cluster) for n in inv.nodes if n.connection == "ssh"]
@@ -143,8 +147,7 @@ def _forget(
     """Delete the local state; with ``purge`` only once every node was purged: else state.json goes
     (nothing runs) but the cluster directory stays, its footprint listing the nodes still to purge."""
     if purge and failed:
-        from tangram_cli.bootstrap import teardown
-        from tangram_cli.hostlist import compress
+        from tangram_cli.bootstrap import teardown  # start-up cost: see the note at the top
 
         st.remove(name)
         teardown.write_footprint(name, failed)
@@ -164,7 +167,7 @@ def _forget(
 def _sweep_containers(state: st.ClusterState, echo: Callable[[str], None]) -> None:
     """Remove the containers left by this cluster's local agents (by its id); a legacy state has no id,
     so nothing is swept and the message says how to find them by hand."""
-    from tangram_cli.bootstrap import local
+    from tangram_cli.bootstrap import local  # start-up cost: see the note at the top
 
     if not state.cluster_id:
         echo(
@@ -210,7 +213,7 @@ def command(
     """
     name = cluster
     if name is None and inventory:
-        from tangram_cli.bootstrap import remote
+        from tangram_cli.bootstrap import remote  # start-up cost: see the note at the top
 
         name = remote.cluster_name(inventory)
     if name is None:

@@ -11,6 +11,7 @@ fresh cluster. Exit codes: 0 up, 1 failed, 2 bad inventory or usage, 3 some host
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -18,16 +19,25 @@ import time
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from tangram.errors import ConfigError, TangramError
+from tangram_cli import keys
 from tangram_cli import state as st
+from tangram_cli.bootstrap import bundle, local, plan
+from tangram_cli.bootstrap.local import security_line
+from tangram_cli.commands.down import down_cluster
+from tangram_cli.inventory import load_inventory, parse_size_mib, preflight
 from tangram_cli.params import Duration, output_option, verbosity
+from tangram_cli.render.status import duration
+
+# Imported where used, not here (start-up cost): bootstrap.remote (asyncssh) and render.up (rich) only
+# for an inventory; the local default needs neither.
 
 
 def _gpu_mem(value: str | None) -> int | None:
     if value is None:
         return None
-    from tangram_cli.inventory import parse_size_mib
 
     try:
         return parse_size_mib(value)
@@ -51,8 +61,6 @@ def print_ready(state: st.ClusterState, *, started: bool, how: str = "", summary
         + (f", gpus {state.gpus}" if state.gpus else "")
     )
     if state.inventory == "<local default>":
-        from tangram_cli.bootstrap.local import security_line
-
         click.echo(security_line(state))
     if state.cluster_id:
         click.echo(f"cluster id: {state.cluster_id} (its sandbox containers: label tangram.cluster-id)")
@@ -172,8 +180,8 @@ def _up_inventory(
     path: str, dry_run: bool, replace: bool, foreground: bool, options: dict[str, Any], view: dict[str, Any]
 ) -> int:
     """`up INVENTORY`: bootstrap over SSH (bootstrap/remote.py), show it (render/up.py); the exit code."""
-    from tangram_cli.bootstrap import remote
-    from tangram_cli.render import up as show
+    from tangram_cli.bootstrap import remote  # start-up cost: see the note at the top
+    from tangram_cli.render import up as show  # start-up cost: see the note at the top
 
     if dry_run:
         _dry_run(path, options["limit"], view["verbose"])
@@ -191,9 +199,7 @@ def _up_inventory(
 
 def _dry_run(path: str, limit: str | None, verbose: int) -> None:
     """`up INVENTORY --dry-run`: the plan, then the checks only this machine can make (preflight.py)."""
-    from tangram_cli import keys
-    from tangram_cli.bootstrap import bundle, plan, remote
-    from tangram_cli.inventory import load_inventory, preflight
+    from tangram_cli.bootstrap import remote  # start-up cost: see the note at the top
 
     inv = load_inventory(path)  # InventoryError: exit 2 with every problem
     nodes = remote.select(inv, limit)
@@ -239,8 +245,6 @@ def _refuse_local_flags(ctx: click.Context, path: str, **values: object) -> None
 
 def since(started_at: float, now: float | None = None) -> str:
     """``2026-11-30 01:23:22 (3h05m ago)``: when a cluster started, in local time."""
-    from tangram_cli.render.status import duration
-
     now = time.time() if now is None else now
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_at))
     return f"{stamp} ({duration(now - started_at)} ago)"
@@ -248,8 +252,6 @@ def since(started_at: float, now: float | None = None) -> str:
 
 def _wanted(ctx: click.Context, **values: object) -> dict[str, object]:
     """The local-default flags given on the command line (not left at their defaults)."""
-    from click.core import ParameterSource
-
     defaults = (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
     return {k: v for k, v in values.items() if ctx.get_parameter_source(k) not in defaults}
 
@@ -321,8 +323,6 @@ def _flag_words(wanted: dict[str, object]) -> str:
 
 def _replace(name: str, *, quiet: bool) -> None:
     """--replace: stop the cluster if one is recorded, so a fresh one starts with the flags given."""
-    from tangram_cli.commands.down import down_cluster
-
     if st.load(name) is None:
         return
     echo = (lambda _m: None) if quiet else (lambda m: click.echo(f"  {m}", err=True))
@@ -342,8 +342,6 @@ def _up_local(
     quiet: bool,
 ) -> str:
     """The local default: start, keep or restart it in place; print the outcome. Returns its name."""
-    from tangram_cli.bootstrap import local
-
     quiet = quiet or output == "json"
 
     def say(msg: str) -> None:
@@ -362,8 +360,6 @@ def _up_local(
         curve=curve,
     )
     if output == "json":
-        import json
-
         click.echo(json.dumps(result.to_dict(), sort_keys=True))
     else:
         print_ready(result.state, started=result.started, how=result.how, summary=result.summary())
@@ -372,8 +368,6 @@ def _up_local(
 
 def _stay(name: str) -> None:
     """--foreground: follow the controller's log until Ctrl-C or SIGTERM, then `down`."""
-    from tangram_cli.commands.down import down_cluster
-
     stop = {"now": False}
 
     def handler(_sig: int, _frame: object) -> None:

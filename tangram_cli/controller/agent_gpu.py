@@ -1,8 +1,10 @@
-"""The GPU half of the agent link: `Load`, `Evict` and `Invoke` in each node's GPU lane.
+"""The GPU half of the agent link: `Load`, `Evict` and `Invoke` in the lanes of a node's GPUs.
 
-Rule 4 of `agents.py`: per node, GPU `Evict`/`Load` run one after another, and an `Invoke`
-waits for those issued before it (`_chain`). `AgentLink` inherits these methods; they use its
-`agents`, `request`, `post` and task set.
+Rule 4 of `agents.py`: per GPU, `Evict`/`Load` run one after another, and an `Invoke` waits
+for those issued before it on its GPUs (`_chain`, `_before`): each GPU of a node has its own
+lane, so a restore onto some GPUs never holds up a call or a restore on the others. (The agent
+also runs what overlaps in arrival order: agent/gpu/host.py, rule 1.) `AgentLink` inherits these
+methods; they use its `agents`, `request`, `post` and task set.
 """
 
 from __future__ import annotations
@@ -33,23 +35,33 @@ class GpuCommands:
     request: Callable[..., asyncio.Future[protocol.Envelope]]
     _spawn_task: Callable[[Any], None]
 
-    def _chain(self, node: str, coro_fn: Callable[[], Any]) -> asyncio.Future[None]:
+    def _before(self, node: str, start: int, end: int) -> list[asyncio.Future[None]]:
+        """The last Load/Evict issued on each of GPUs [start, end) of `node` (distinct)."""
         agent = self.agents.get(node)
-        prev = agent.gpu_tail if agent is not None else None
+        if agent is None:
+            return []
+        tails = (agent.gpu_tails.get(g) for g in range(start, end))
+        return list({id(t): t for t in tails if t is not None and not t.done()}.values())
+
+    def _chain(self, node: str, start: int, end: int, coro_fn: Callable[[], Any]) -> asyncio.Future[None]:
+        """Run `coro_fn` once the Loads/Evicts issued before on GPUs [start, end) are done."""
+        prev = self._before(node, start, end)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         async def step() -> None:
             try:
-                if prev is not None:
-                    await asyncio.shield(prev)
+                if prev:
+                    await asyncio.shield(asyncio.gather(*prev, return_exceptions=True))
                 await coro_fn()
             finally:
                 if not done.done():
                     done.set_result(None)
 
         self._spawn_task(step())
+        agent = self.agents.get(node)
         if agent is not None:
-            agent.gpu_tail = done
+            for g in range(start, end):
+                agent.gpu_tails[g] = done
         return done
 
     def load(self, c: cmd.Load) -> asyncio.Future[None]:
@@ -66,7 +78,7 @@ class GpuCommands:
                 log.error("%s on %s", failed["why"], c.node)
                 self.post(ev.ServiceEvicted(c.node, c.service, c.start))
 
-        fut = self._chain(c.node, run)
+        fut = self._chain(c.node, c.start, c.end, run)
         fut.failed = failed  # type: ignore[attr-defined]
         return fut
 
@@ -77,22 +89,20 @@ class GpuCommands:
                 if isinstance(env.msg, protocol.Error):
                     log.error("evict of %s on %s failed: %s", c.service, c.node, env.msg.message)
 
-        self._chain(c.node, run)
+        self._chain(c.node, c.start, c.end, run)
 
     def invoke(self, c: cmd.Invoke, rec: ActionRecord, load: asyncio.Future[None] | None) -> None:
-        agent = self.agents.get(c.node)
-        before = agent.gpu_tail if agent is not None else None
-        self._spawn_task(self._invoke(c, rec, before, load))
+        self._spawn_task(self._invoke(c, rec, self._before(c.node, c.start, c.end), load))
 
     async def _invoke(
         self,
         c: cmd.Invoke,
         rec: ActionRecord,
-        before: asyncio.Future[None] | None,
+        before: list[asyncio.Future[None]],
         load: asyncio.Future[None] | None,
     ) -> None:
-        if before is not None:
-            await asyncio.shield(before)
+        if before:
+            await asyncio.shield(asyncio.gather(*before, return_exceptions=True))
         failed = getattr(load, "failed", {}) if load is not None else {}
         if failed.get("why"):
             rec.outcome = Outcome(error=protocol.Error("INTERNAL", failed["why"], False))

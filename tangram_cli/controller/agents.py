@@ -13,8 +13,8 @@ Rules (docs/protocol.md, "Controller <-> agent contract" and "Controller behavio
    for `Kill`). A reply to no pending request is dropped and counted (`stale_replies`).
 4. Per node, commands keep the core's order where it matters: a sandbox's `Spawn`, `PutFile`
    and `GetFile` wait until its `CreateSandbox` (and the puts queued before placement) are
-   done; GPU `Evict`/`Load` run one after another, and an `Invoke` waits for those issued
-   before it.
+   done; per GPU, `Evict`/`Load` run one after another, and an `Invoke` waits for those issued
+   before it on its GPUs (a restore on GPUs 4-7 does not hold up a call on GPUs 0-1).
 5. An agent's result becomes `ActionFinished` for the core; the client reply is sent when the
    core answers with `Done` (so cores are free again before the client hears back).
 """
@@ -38,7 +38,7 @@ from tangram.outcomes import ExecOutcome
 from tangram_cli.controller.agent_gpu import GpuCommands
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.facts import Agent, Reply, node_event
-from tangram_cli.controller.state import ActionRecord, Outcome, Registry, encode_to
+from tangram_cli.controller.state import ActionRecord, Outcome, Registry, cancel_tasks, encode_to
 from tangram_cli.controller.wire import Batcher, send_now, serve, shadow
 
 log = logging.getLogger("tangram.controller.agents")
@@ -88,6 +88,7 @@ class AgentLink(GpuCommands):
         self.on_hello: Callable[[str, set[str]], None] | None = None
         # node: every action its Hello listed is now stopped (recovery answers what ran there)
         self.on_cleared: Callable[[str], None] | None = None
+        self.pipelined: set[str] = set()  # sandboxes whose first Spawn may follow their CreateSandbox
 
     # ------------------------------------------------------------ plumbing
     def _next_rid(self) -> int:
@@ -335,8 +336,9 @@ class AgentLink(GpuCommands):
             if rec is None or rec.closed or rec.lost or rec.node != hello.name:
                 self.request(hello.name, protocol.DestroySandbox(sandbox))
         if joined.gpus:
-            for svc in self.config.services:  # in the GPU lane: loads wait for the host copies
-                self._chain(hello.name, lambda s=svc: self._prepare(hello.name, s.name, s.spec))
+            for svc in self.config.services:  # in every GPU's lane: loads wait for the host copies
+                prepare = lambda s=svc: self._prepare(hello.name, s.name, s.spec)  # noqa: E731
+                self._chain(hello.name, 0, joined.gpus, prepare)
 
     def _kill_leftovers(self, node: str, actions: list[dict[str, Any]]) -> None:
         """Whatever ran before this Hello is no one's now: stop it, then say the node is clear."""
@@ -413,15 +415,19 @@ class AgentLink(GpuCommands):
         rec.node = c.node
         rec.ready = asyncio.get_running_loop().create_future()
         rec.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._spawn_task(self._create(c, rec))
-
-    async def _create(self, c: cmd.CreateSandbox, rec: Any) -> None:
         labels = {"tangram.cluster": self.config.cluster[:256], "tangram.sandbox": c.sandbox}
         labels.update({"tangram.cluster-id": self.config.cluster_id} if self.config.cluster_id else {})
+        msg = protocol.CreateSandbox(c.sandbox, c.image or rec.image, c.mem_mib, labels)
+        sent = self.request(c.node, msg)
+        agent = self.agents.get(c.node)
+        if not rec.pending_puts and agent is not None and agent.facts.get("spawn_after_create") is True:
+            self.pipelined.add(c.sandbox)  # its first Spawn goes right behind (see `spawn`)
+        self._spawn_task(self._create(c, rec, sent))
+
+    async def _create(self, c: cmd.CreateSandbox, rec: Any, sent: asyncio.Future[protocol.Envelope]) -> None:
         try:
-            env = await self.request(
-                c.node, protocol.CreateSandbox(c.sandbox, c.image or rec.image, c.mem_mib, labels)
-            )
+            env = await sent
+            self.pipelined.discard(c.sandbox)
             if isinstance(env.msg, protocol.Error):
                 raise SandboxLost(f"sandbox {c.sandbox} could not be created on {c.node}: {env.msg.message}")
             puts, rec.pending_puts, rec.pending_bytes = rec.pending_puts, [], 0
@@ -430,6 +436,7 @@ class AgentLink(GpuCommands):
                 if isinstance(env.msg, protocol.Error):
                     log.warning("queued put %s into %s failed: %s", path, c.sandbox, env.msg.message)
         except Exception as exc:
+            self.pipelined.discard(c.sandbox)
             if not rec.ready.done():
                 rec.ready.set_exception(
                     exc if isinstance(exc, (SandboxLost, NodeLost)) else SandboxLost(str(exc))
@@ -448,13 +455,16 @@ class AgentLink(GpuCommands):
         self.send_request(c.node, protocol.Kill(c.action_id, 0, self.epoch), (), _ignore)
 
     def spawn(self, c: cmd.Spawn, rec: ActionRecord) -> None:
-        """Send `Spawn` now when the sandbox exists (the hot path: no task, no future); wait for
-        its creation first otherwise."""
+        """Send `Spawn` now when the sandbox exists (the hot path: no task, no future), or when its
+        `CreateSandbox` went to an agent that runs a Spawn only after the CreateSandbox before it
+        (its facts say `spawn_after_create`; no puts waited for the sandbox): it saves a round trip
+        on every open. Otherwise wait for the creation first."""
         sb = self.registry.sandboxes.get(c.sandbox)
         ready = sb.ready if sb is not None else None
         if ready is not None and not (ready.done() and not ready.cancelled() and ready.exception() is None):
-            self._spawn_task(self._spawn_when_ready(c, rec, ready))
-            return
+            if c.sandbox not in self.pipelined:
+                self._spawn_task(self._spawn_when_ready(c, rec, ready))
+                return
         self._send_spawn(c, rec)
 
     async def _spawn_when_ready(self, c: cmd.Spawn, rec: ActionRecord, ready: asyncio.Future[None]) -> None:
@@ -536,8 +546,6 @@ class AgentLink(GpuCommands):
             await asyncio.wait(waits, timeout=timeout)
 
     async def close(self) -> None:
-        from tangram_cli.controller.state import cancel_tasks
-
         await cancel_tasks(self._tasks)
 
     def rows(self) -> list[dict[str, Any]]:
@@ -564,6 +572,8 @@ class AgentLink(GpuCommands):
                     "idle_cpus": f.get("idle_cpus") if isinstance(f.get("idle_cpus"), list) else [],
                     "gpu_uuids": f.get("gpu_uuids") if isinstance(f.get("gpu_uuids"), list) else [],
                     "inflight_requests": len(a.pending),
+                    "pool_idle": a.load.get("pool_idle", 0),  # idle pooled sandboxes (pools.py)
+                    "pool_mem_mib": a.load.get("pool_mem_mib", 0),
                 }
             )
         return out

@@ -11,7 +11,6 @@ what only the controller knows (queueing, overhead, node, cores or GPUs).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -153,8 +152,8 @@ class Answers:
             "action": rec.action_id,
         }
         if isinstance(res, ExecOutcome):
-            full = dataclasses.replace(res, cores=tuple(rec.cores), dop=rec.dop, **timing)
-            self.final(rec.ident, rec.request_id, protocol.Result(full.to_body()), list(blobs[:2]), True)
+            body = res.to_body(cores=list(rec.cores), dop=rec.dop, **timing)
+            self.final(rec.ident, rec.request_id, protocol.Result(body), list(blobs[:2]), True)
         else:
-            full = dataclasses.replace(res, gpus=tuple(rec.gpus), loaded=rec.loaded, **timing)
-            self.final(rec.ident, rec.request_id, protocol.Result(full.to_body()), list(blobs[:1]), True)
+            body = res.to_body(gpus=list(rec.gpus), loaded=rec.loaded, **timing)
+            self.final(rec.ident, rec.request_id, protocol.Result(body), list(blobs[:1]), True)

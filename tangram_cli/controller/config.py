@@ -20,6 +20,8 @@ The file is what `tangram up` writes after resolving an inventory; every key is 
 `certs` (or `--certs`) turns CURVE on: see tangram_cli/controller/curve.py.
 `metrics_port` (or `--metrics-port`) serves Prometheus metrics on the controller's bind address
 (metrics_http.py; 0: a free port; absent: off); `metrics_clients` caps the client labels.
+`sandbox_pool` sizes the agents' warm sandbox pools (tangram_cli/controller/pools.py; absent: off).
+`jobs` gives RL jobs weights, caps and bound keys (tangram_cli/controller/jobs_config.py; absent: none).
 
 Services become `ServiceDefined` events and `Prepare` messages to GPU agents (the Prepare
 `spec` is the service mapping's `PREPARE_KEYS`; scheduling keys stay on the controller); APIs
@@ -36,11 +38,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from tangram.core.actions import Elasticity
+from tangram.core.pool import PoolPolicy
 from tangram.errors import ConfigError
+from tangram_cli.controller.jobs_config import JobConf, jobs_dict, parse_jobs
+from tangram_cli.controller.pools import parse_policy
 
 # Built-in profiles, always available (a config may override them by name).
 BUILTIN_PROFILES: dict[str, Elasticity] = {
@@ -107,9 +112,96 @@ class ControllerConfig:
     certs: str | None = None  # CURVE certs directory (`--certs` wins); None: plain TCP on loopback
     metrics_port: int | None = None  # Prometheus endpoint (metrics_http.py; `--metrics-port` wins); None: off
     metrics_clients: int = 20  # clients with a label of their own in the metrics; later ones are "other"
+    sandbox_pool: PoolPolicy = PoolPolicy(max=0)  # warm sandbox pools (pools.py); the default: off
+    jobs: tuple[JobConf, ...] = ()  # RL jobs: weights, caps, bound keys (jobs_config.py)
 
     def service(self, name: str) -> ServiceConf | None:
         return next((s for s in self.services if s.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form that `parse_config` reads (``parse_config(c.to_dict()) == c``): what `tangram up`
+        writes into ``controller.json``. ``cluster``, the scheduler's ``depth`` and ``client_grace_s``,
+        ``services``, ``apis`` and ``profiles`` are always written; every other setting where it differs
+        from its default. A built-in profile is written only where the config gave its own (an object
+        other than the one in ``BUILTIN_PROFILES``, even with equal values)."""
+        default = ControllerConfig()
+        sched: dict[str, Any] = {"depth": self.depth, "client_grace_s": self.client_grace_s}
+        sched.update(
+            {k: getattr(self, k) for k in _SCHEDULER_KEYS[2:] if getattr(self, k) != getattr(default, k)}
+        )
+        out: dict[str, Any] = {
+            "cluster": self.cluster,
+            "scheduler": sched,
+            "services": [_service_dict(s) for s in self.services],
+            "apis": [_api_dict(a) for a in self.apis],
+            "profiles": {
+                name: _profile_dict(el)
+                for name, el in self.profiles.items()
+                if el is not BUILTIN_PROFILES.get(name)
+            },
+        }
+        if self.jobs:
+            out["jobs"] = jobs_dict(self.jobs)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in out and f.name not in _SCHEDULER_KEYS and value != getattr(default, f.name):
+                out[f.name] = _plain(value)
+        return out
+
+
+# The settings `parse_config` reads from the ``scheduler`` mapping (the rest are top-level keys).
+_SCHEDULER_KEYS = (
+    "depth",
+    "client_grace_s",
+    "max_timeout_s",
+    "heartbeat_s",
+    "max_outstanding_per_client",
+    "max_queued",
+    "max_outbox",
+    "max_client_bytes",
+    "max_held_bytes",
+)
+
+
+def _service_dict(s: ServiceConf) -> dict[str, Any]:
+    """A service mapping: the scheduling keys and the Prepare ``spec`` (``PREPARE_KEYS``)."""
+    out: dict[str, Any] = {"name": s.name}
+    out.update({k: s.spec[k] for k in ("runtime", "model") if k in s.spec})
+    if "gpu_mem_mib" in s.spec or s.gpu_mem_mib:
+        out["gpu_mem_mib"] = s.gpu_mem_mib
+    out.update({"chunk_sizes": list(s.chunk_sizes), "load_s": s.load_s})
+    out.update({k: v for k, v in s.spec.items() if k not in out})
+    if s.t_ori is not None:
+        out["t_ori"] = s.t_ori
+    return out
+
+
+def _api_dict(a: ApiConf) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": a.name, "mode": a.mode, "limit": a.limit, "period_s": a.period_s}
+    if a.keys:
+        out["keys"] = [
+            {"name": k.name, "key_env": k.key_env}
+            | {f: getattr(k, f) for f in ("rpm", "tpm", "concurrency") if getattr(k, f)}
+            for k in a.keys
+        ]
+    return out
+
+
+def _profile_dict(el: Elasticity) -> dict[str, Any]:
+    if el.serial_fraction is not None:
+        return {"serial_fraction": el.serial_fraction}
+    return {"efficiency": {str(m): e for m, e in el.table}}
+
+
+def _plain(value: Any) -> Any:
+    """A setting as JSON: dataclasses as mappings, tuples as lists."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
 
 
 def _num(value: object, where: str, lo: float = 0.0) -> float:
@@ -247,6 +339,8 @@ def parse_config(raw: dict[str, Any]) -> ControllerConfig:
         certs=_certs(raw.get("certs")),
         metrics_port=_port(raw.get("metrics_port"), "metrics_port"),
         metrics_clients=_int(raw.get("metrics_clients", 20), "metrics_clients", 1),
+        sandbox_pool=parse_policy(raw.get("sandbox_pool")),
+        jobs=parse_jobs(raw.get("jobs")),
     )
 
 

@@ -28,6 +28,8 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
+from zmq.utils.monitor import parse_monitor_message
 
 from tangram.certs import keypair, read_cert
 from tangram.errors import ConfigError
@@ -151,8 +153,6 @@ class ServerAuth:
 
     def start(self, on_dead: Callable[[str], None] | None = None) -> None:
         """Start the ZAP handler in the controller's context; call before any bind."""
-        from zmq.auth.asyncio import AsyncioAuthenticator
-
         self.auth = AsyncioAuthenticator(self.ctx, log=logging.getLogger("tangram.controller.zap"))
         self.auth.start()
         for name, allow in self.allow.items():
@@ -231,8 +231,6 @@ async def probe(
 ) -> str:
     """Connect once (a fresh random CURVE key when ``server_key`` is given, else NULL) and report
     ``refused``, ``accepted`` or ``not answered`` from the socket monitor's handshake events."""
-    from zmq.utils.monitor import parse_monitor_message
-
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     if server_key is not None:

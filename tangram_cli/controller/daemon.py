@@ -30,10 +30,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from tangram import logfmt
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.scheduler import CoreConfig, Scheduler
 from tangram.errors import ConfigError
+from tangram_cli.bootstrap import netaddr
 from tangram_cli.controller.agents import AgentLink, new_epoch
 from tangram_cli.controller.api_keys import core_keys
 from tangram_cli.controller.config import ControllerConfig
@@ -42,6 +44,7 @@ from tangram_cli.controller.driver import Collector, Driver, WallClock, open_jou
 from tangram_cli.controller.gateway import Gateway
 from tangram_cli.controller.ledger import Ledger
 from tangram_cli.controller.metrics import Metrics
+from tangram_cli.controller.pools import PoolKeeper
 from tangram_cli.controller.recovery import Recovery
 from tangram_cli.controller.sessions import load_secret
 from tangram_cli.controller.state import Registry, cancel_tasks, check_bind, make_router
@@ -72,8 +75,6 @@ class BindAddressNotLocal(ConfigError):
 
 def check_local(bind: str) -> None:
     """Raise BindAddressNotLocal when ``bind`` (or an address it resolves to) is not this machine's."""
-    from tangram_cli.bootstrap import netaddr
-
     missing = netaddr.not_local(bind)
     if missing:
         raise BindAddressNotLocal(
@@ -127,7 +128,8 @@ class Controller:
             self.driver.post,
             restore_grace(self.config),
         )
-        self.agents.on_hello = self.recovery.on_hello
+        self.pools = PoolKeeper(self.config.sandbox_pool, self.agents, self.core, self.clock)
+        self.agents.on_hello = self._on_hello
         self.driver.holding = self._holding
         self.agents.on_cleared = self.recovery.on_cleared
         for svc in self.config.services:
@@ -136,6 +138,8 @@ class Controller:
             )
         for api in self.config.apis:
             self.driver.step(ev.ApiDefined(api.name, api.mode, api.limit, api.period_s, core_keys(api)))
+        for job in self.config.jobs:  # RL jobs' weights and caps (jobs_config.py)
+            self.driver.step(job.event())
         self.recovery.restore(self.driver.step)
 
     def _open_sockets(self) -> None:
@@ -179,6 +183,7 @@ class Controller:
         port = o.metrics_port if o.metrics_port is not None else self.config.metrics_port
         if port is None:
             return None
+        # start-up cost: prometheus_client (~70 ms) loads only when metrics are on
         from tangram_cli.controller.metrics_http import metrics_socket
 
         return metrics_socket(o.bind, port)
@@ -186,6 +191,7 @@ class Controller:
     def _open_metrics(self) -> None:
         if self._metrics_sock is None:
             return
+        # start-up cost: prometheus_client (~70 ms) loads only when metrics are on
         from tangram_cli.controller.metrics_http import MetricsCollector, MetricsServer
 
         clients = self.gateway.clients
@@ -194,7 +200,7 @@ class Controller:
             lambda ident: (c.owner or c.name) if (c := clients.get(ident)) is not None else "",
             self.config.metrics_clients,
         )
-        collector = MetricsCollector(self.metrics, lambda: self._records(["cluster", "nodes"], 1))
+        collector = MetricsCollector(self.metrics, lambda: self._records(["cluster", "nodes", "jobs"], 1))
         self.metrics_http = MetricsServer(self._metrics_sock, collector)
 
     # ------------------------------------------------------------ addresses
@@ -259,6 +265,7 @@ class Controller:
         for c in commands:
             if isinstance(c, cmd.CreateSandbox):
                 self.agents.create_sandbox(c)
+                self.pools.on_create(c)
             elif isinstance(c, cmd.DestroySandbox):
                 self.agents.destroy_sandbox(c)
             elif isinstance(c, cmd.Spawn):
@@ -298,12 +305,18 @@ class Controller:
         for d in dones:
             self.gateway.on_done(d)
 
+    def _on_hello(self, node: str, sandboxes: set[str]) -> None:
+        """A node's session started: adopt its sandboxes (recovery), then send its pool targets."""
+        self.recovery.on_hello(node, sandboxes)
+        self.pools.on_hello(node)
+
     # ------------------------------------------------------------ status
     def _records(self, sections: list[str], limit: int) -> dict[str, Any]:
         counters = {
             **self.gateway.counters,
             **self.agents.counters,
             **self.recovery.counters,
+            **self.pools.counters,
             "driver_yields": self.driver.yields,
             "state_lines": self.gateway.ledger.written,
         }
@@ -350,6 +363,7 @@ class Controller:
             self.gateway.liveness(),
             self.status.run(),
             self._housekeeping(),
+            self.pools.run(),
             *((self.metrics_http.run(),) if self.metrics_http is not None else ()),
         ):
             task = asyncio.ensure_future(coro)
@@ -473,7 +487,5 @@ async def serve(
 
 
 def run_controller(config: ControllerConfig, options: Options) -> int:
-    from tangram import logfmt
-
     logfmt.configure("controller", fmt=options.log_format, level=logfmt.env_level("INFO"))
     return asyncio.run(serve(config, options, own_process=True))

@@ -28,7 +28,7 @@ class Agent:
     reason: str = ""
     load: dict[str, Any] = field(default_factory=dict)
     pending: dict[int, tuple[str, Reply]] = field(default_factory=dict)  # request id -> (kind, on_reply)
-    gpu_tail: asyncio.Future[None] | None = None
+    gpu_tails: dict[int, asyncio.Future[None]] = field(default_factory=dict)  # GPU -> its last Load/Evict
     restarts: int = 0
     batches: bool = False  # its Hello said minor >= BATCH_MINOR: what one decision sends it goes in one
 

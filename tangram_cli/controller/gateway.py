@@ -85,7 +85,7 @@ from tangram_cli.controller.sessions import (
     client_tag,
     hello_problem,
 )
-from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord
+from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord, cancel_tasks
 from tangram_cli.controller.wire import serve, shadow
 
 log = logging.getLogger("tangram.controller.gateway")
@@ -270,6 +270,8 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers, FileRequests
             client.beat_sent = now
             self._send(ident, protocol.Heartbeat(), 0)
         if isinstance(msg, protocol.Hello):
+            if not self._join_job(client, msg.job, rid):  # sessions.py: a job its key may not claim
+                return True
             client.name, client.welcomed = msg.name, True
             client.batches = msg.minor >= protocol.BATCH_MINOR
             client.owner = self._owner(client.user, msg.name)
@@ -489,8 +491,6 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers, FileRequests
         self.final(client.ident, rid, protocol.Result({}))
 
     async def close(self) -> None:
-        from tangram_cli.controller.state import cancel_tasks
-
         await cancel_tasks(self._tasks)
         self._close_monitor()
 

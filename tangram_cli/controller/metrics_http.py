@@ -22,6 +22,15 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    UnknownMetricFamily,
+)
+
+from tangram.errors import ConfigError
 from tangram_cli.controller.metrics import OUTCOMES, Metrics
 from tangram_cli.controller.state import bind_host
 
@@ -45,8 +54,6 @@ class MetricsCollector:
         yield from self._cluster(self.records())
 
     def _actions(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
-
         m = self.metrics
         for name, doc, table in (
             ("queue_wait", "Time from submission to start (exec, call, lease grant, reserved open)", m.wait),
@@ -79,8 +86,6 @@ class MetricsCollector:
         yield fam
 
     def _usage(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily
-
         m = self.metrics
         fam = CounterMetricFamily(
             "tangram_client_resource_seconds",
@@ -103,8 +108,6 @@ class MetricsCollector:
             yield fam
 
     def _cluster(self, records: dict[str, Any]) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, UnknownMetricFamily
-
         cl = records.get("cluster") or {}
         for name, key, doc in (
             ("tangram_queued_actions", "queue", "Actions waiting"),
@@ -129,11 +132,10 @@ class MetricsCollector:
                 fam.add_metric([str(key)], value)
         yield fam
         yield from _nodes(records.get("nodes") or [])
+        yield from _jobs(records.get("jobs") or [], self.metrics.labels.cap)
 
 
 def _nodes(rows: list[dict[str, Any]]) -> Iterator[Any]:
-    from prometheus_client.core import GaugeMetricFamily
-
     for name, key, doc in (
         ("tangram_node_cpus", "cpus_total", "Cores a node hands out"),
         ("tangram_node_cpus_used", "cpus_used", "Cores granted now"),
@@ -150,10 +152,52 @@ def _nodes(rows: list[dict[str, Any]]) -> Iterator[Any]:
         yield fam
 
 
+JOB_GAUGES = (
+    ("tangram_job_weight", "weight", "An RL job's weight"),
+    ("tangram_job_queued", "queued", "An RL job's actions waiting"),
+    ("tangram_job_cores", "cores", "Cores an RL job's actions hold now"),
+    ("tangram_job_cores_share", "cores_share", "An RL job's share of the cluster's cores now"),
+    ("tangram_job_gpus", "gpus", "GPUs an RL job's calls hold now"),
+    ("tangram_job_gpus_share", "gpus_share", "An RL job's share of the cluster's GPUs now"),
+)
+JOB_COUNTERS = (
+    ("tangram_job_core_seconds", "core_s", "Cores times the seconds an RL job's actions held them"),
+    ("tangram_job_gpu_seconds", "gpu_s", "GPUs times the seconds an RL job's calls held them"),
+    ("tangram_job_actions_started", "started", "Actions of an RL job started"),
+)
+
+
+def _jobs(rows: list[dict[str, Any]], cap: int) -> Iterator[Any]:
+    """Per RL job (status `jobs` rows; the default job is "default"): the first `cap` jobs in name
+    order keep their own label, the rest count under "other" (gauges of shares are left out there)."""
+    def label(i: int, row: dict[str, Any]) -> str:
+        return (str(row.get("job")) or "default") if i < cap else "other"
+
+    for name, key, doc, family in [(*g, GaugeMetricFamily) for g in JOB_GAUGES] + [
+        (*c, CounterMetricFamily) for c in JOB_COUNTERS
+    ]:
+        fam = family(name, doc, labels=["job"])
+        summed: dict[str, float] = {}
+        for i, row in enumerate(rows):
+            if key in ("weight", "cores_share", "gpus_share") and i >= cap:
+                continue
+            summed[label(i, row)] = summed.get(label(i, row), 0.0) + float(row.get(key) or 0)
+        for job, value in summed.items():
+            fam.add_metric([job], value)
+        yield fam
+    fam = CounterMetricFamily("tangram_job_api_unit_seconds", "API units times seconds held, by RL job",
+                              labels=["job", "api"])
+    per: dict[tuple[str, str], float] = {}
+    for i, row in enumerate(rows):
+        for api, value in (row.get("api_unit_s") or {}).items():
+            per[(label(i, row), str(api))] = per.get((label(i, row), str(api)), 0.0) + float(value)
+    for labels, value in sorted(per.items()):
+        fam.add_metric(list(labels), value)
+    yield fam
+
+
 def metrics_socket(bind: str, port: int) -> socket.socket:
     """A listening TCP socket on the controller's bind address (checked by the caller)."""
-    from tangram.errors import ConfigError
-
     host = bind_host(bind).strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -175,8 +219,6 @@ class MetricsServer:
     """`GET /metrics` (and `/`) on a socket from `metrics_socket`; other paths 404, other methods 405."""
 
     def __init__(self, sock: socket.socket, collector: MetricsCollector) -> None:
-        from prometheus_client import CollectorRegistry
-
         self.sock = sock
         self.port = int(sock.getsockname()[1])
         self.registry = CollectorRegistry(auto_describe=False)
@@ -215,8 +257,6 @@ class MetricsServer:
                 await writer.wait_closed()
 
     def _answer(self, request_line: list[str]) -> tuple[str, str, bytes]:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
         if len(request_line) < 2:
             return "400 Bad Request", "text/plain", b"bad request\n"
         method, path = request_line[0], request_line[1].split("?", 1)[0]

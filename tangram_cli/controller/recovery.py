@@ -40,6 +40,7 @@ from tangram import protocol
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.scheduler import Scheduler
+from tangram_cli.controller.gateway import lease_spec
 from tangram_cli.controller.ledger import ANSWER_TTL_S, LeaseFact, Ledger, Restored
 from tangram_cli.controller.sessions import client_key
 from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord
@@ -139,8 +140,6 @@ class Recovery:
         return r
 
     def _restore_apis(self, r: Restored, step: Step, wall: float) -> None:
-        from tangram_cli.controller.gateway import lease_spec
-
         live = [lf for lf in r.leases.values() if lf.expires > wall]
         for api, (used, start) in r.quotas.items():
             held = sum(lf.units for lf in live if lf.api == api)  # granted again below

@@ -60,6 +60,7 @@ class ClientState:
     refused: int = 0  # frames refused on this identity (wrong token or key)
     beat_sent: float = 0.0  # when it was last sent a `Heartbeat` (controller clock)
     batches: bool = False  # its Hello said minor >= BATCH_MINOR: its finals may go in batches
+    job: str = ""  # its RL job (sessions.py rule 8; "": the default job)
 
 
 @dataclass(slots=True)
@@ -98,7 +99,7 @@ class Replies:
         self._large: deque[tuple[tuple[bytes, int], CacheEntry]] = deque()  # large finals, oldest first
         self.cache_large_bytes = 0  # their bytes (counter `finals_not_kept`: those kept as stubs)
         # finals of one driver batch, one BATCH per client (`Batcher`; `holding` around the batch)
-        self.batcher = Batcher(self.wire, self._batches_to, self._keep)
+        self.batcher = Batcher(self.wire, self._batches_to, self._keep, self._watch_routes)
 
     def _batches_to(self, ident: bytes) -> bool:
         client = self.clients.get(ident)
@@ -262,8 +263,9 @@ class Replies:
     def _deliver(self, ident: bytes, frames: list[bytes]) -> None:
         """Send a final reply (`frames`, without the identity) now, or keep it in the client's
         bounded outbox (order kept). A session without a route always waits (sessions.py, rules 2
-        and 3)."""
-        self._watch_routes()
+        and 3). While the batcher holds, the monitor is read once at its release instead."""
+        if not self.batcher.depth:
+            self._watch_routes()
         client = self.clients.get(ident)
         if client is None:  # gone: sent if its connection is still up; it stays in the cache for a resend
             if self._touch_gone(ident) < 0 or not send_now(self.wire, [ident, *frames]):

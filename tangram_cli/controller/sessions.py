@@ -44,6 +44,11 @@ replies) belongs to its session, and only frames of that session reach it. Rules
    the `Hello` name) and a short tag: the first 6 hex digits of SHA-256 of the identity
    (`client_tag`). The core's client key is 32 hex digits of the same hash (`client_key`): unique,
    not reversible, and no key to anything, since use needs the token.
+8. **Jobs.** A `Hello` may name the client's RL job (`Hello.job`); the controller's `jobs`
+   config may bind CURVE keys to a job (`jobs_config.admit_job`): a bound key's session is in
+   its job (named or not; naming another is refused), and a job that lists keys refuses
+   every other key (and, without CURVE, every client). Refusals get `REJECT`, are counted
+   (`job_refused`) and logged; the session keeps the job it had.
 
 `Gateway` inherits these methods; they use its clients, counters, clock, config and `_send`.
 """
@@ -65,7 +70,10 @@ from typing import Any
 import zmq
 
 from tangram import protocol
+from tangram.core import events as ev
+from tangram.errors import ConfigError
 from tangram.sockio import recv_frames, send_frames, shadow
+from tangram_cli.controller.jobs_config import admit_job
 from tangram_cli.controller.replies import CACHE_TTL_S, ClientState
 
 log = logging.getLogger("tangram.controller.sessions")
@@ -123,8 +131,6 @@ def _read_secret(path: str) -> bytes:
     except ValueError:
         secret = b""
     if len(secret) < 16:
-        from tangram.errors import ConfigError
-
         raise ConfigError(
             f"{path}: not a session key",
             hint="remove it (clients of the previous controller then get new sessions)",
@@ -154,6 +160,7 @@ class Sessions:
     counters: dict[str, int]
     clock: Any
     config: Any
+    post: Callable[..., None]
     _send: Callable[..., None]
 
     def beat_waiting(self) -> None:
@@ -275,6 +282,28 @@ class Sessions:
             except Exception:  # a name is cosmetic: never fail a session over it
                 log.exception("naming CURVE key %s failed", user)
         return name
+
+    def _join_job(self, client: ClientState, asked: str, rid: int) -> bool:
+        """Rule 8: the RL job a `Hello` names (or the one its CURVE key is bound to) becomes the
+        session's, and the core hears of a change (`JobJoined`); a job its key may not claim gets
+        `REJECT` (False), and the session keeps the job it had."""
+        key_name = None
+        if self.curve_on:
+            try:
+                key_name = self.key_name(client.user) if self.key_name is not None and client.user else None
+            except Exception:  # a name is needed to claim a bound job: without it, claim none
+                log.exception("naming CURVE key %s failed", client.user)
+            key_name = key_name or ""
+        job, why = admit_job(self.config.jobs, asked, key_name)
+        if why is not None:
+            self.counters["job_refused"] = self.counters.get("job_refused", 0) + 1
+            log.warning("client %s (%s): %s", client_tag(client.key), client.name or "?", why)
+            self._send(client.ident, protocol.Reject(f"refused: {why}"), rid)
+            return False
+        if job != client.job:
+            client.job = job
+            self.post(ev.JobJoined(client.key, job))
+        return True
 
     def _open_session(self, ident: bytes, token: bytes, user: str, name: str) -> ClientState:
         now = self.clock.now()

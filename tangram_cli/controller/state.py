@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ import zmq.asyncio
 
 from tangram import protocol
 from tangram.clock import Clock, WallClock
-from tangram.errors import ProtocolError
+from tangram.errors import ConfigError, ProtocolError
 from tangram.outcomes import CallOutcome, ExecOutcome
 
 log = logging.getLogger("tangram.controller")
@@ -142,8 +143,6 @@ def bind_addresses(bind: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Addr
     try:
         found = [ipaddress.ip_address(host)]
     except ValueError:
-        import socket
-
         try:
             infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
         except (OSError, UnicodeError) as exc:
@@ -237,7 +236,6 @@ def make_router(
         sock.bind(f"tcp://{host}:*")
     except zmq.ZMQError as exc:
         sock.close(0)
-        from tangram.errors import ConfigError
 
         raise ConfigError(
             f"cannot bind tcp://{host}:{port or '*'}: {exc}", hint="pick another port, or 0 for a free one"

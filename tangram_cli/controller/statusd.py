@@ -61,7 +61,7 @@ from tangram_cli.controller.wire import send_now, serve
 
 log = logging.getLogger("tangram.controller.status")
 
-SECTIONS = ("cluster", "nodes", "services", "apis", "queue", "actions", "clients")
+SECTIONS = ("cluster", "nodes", "services", "apis", "queue", "actions", "clients", "jobs")
 
 
 def _clean(value: object) -> object:
@@ -198,9 +198,24 @@ def build_records(
         out["queue"] = _queue_rows(snap, actions, who, limit)
     if "actions" in sections:
         out["actions"] = _action_rows(core, actions, who, limit, now)
-    if "clients" in sections:
-        out["clients"] = client_rows[:limit]
+    more = {"clients": lambda: client_rows[:limit], "jobs": lambda: [job_row(r) for r in snap.jobs]}
+    out.update({name: make() for name, make in more.items() if name in sections})
     return out
+
+
+def job_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A JOBS row from the core's (``tangram.core.jobs.JobBook.rows``): held units, share of the
+    cluster's and unit-seconds per pool, flattened to cores, GPUs and per-API columns."""
+    held, share, unit_s = row["held"], row["share"], row["unit_s"]
+    apis = sorted({p for d in (held, unit_s) for p in d if p.startswith("api:")})
+    return {
+        "job": row["job"], "weight": row["weight"], "caps": row["caps"], "clients": row["clients"],
+        "queued": row["queued"], "started": row["started"],
+        "cores": held.get("cpu", 0), "cores_share": share.get("cpu", 0.0), "core_s": unit_s.get("cpu", 0.0),
+        "gpus": held.get("gpu", 0), "gpus_share": share.get("gpu", 0.0), "gpu_s": unit_s.get("gpu", 0.0),
+        "api_in_flight": {p[4:]: held.get(p, 0) for p in apis},
+        "api_unit_s": {p[4:]: unit_s.get(p, 0.0) for p in apis},
+    }
 
 
 class _Who:

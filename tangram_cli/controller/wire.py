@@ -56,12 +56,19 @@ class Batcher:
 
     A held message that cannot go at release (the peer's queue is full, or it is gone) is
     handed to `on_fail(ident, frames)`, in order, as its sender would have seen `send_now`
-    fail; once one chunk to a peer fails, the rest to that peer fail too (order is kept)."""
+    fail; once one chunk to a peer fails, the rest to that peer fail too (order is kept).
 
-    def __init__(self, sock: Any, can_batch: Callable[[bytes], bool], on_fail: OnFail) -> None:
+    `before_release` (if given) runs once before a release sends anything, and `can_batch` is
+    asked again per peer then: a peer that may no longer be sent to (the gateway's client whose
+    connection dropped meanwhile) has its messages handed to `on_fail`. So the gateway reads its
+    monitor once per released batch, right before the sends, not once per held final."""
+
+    def __init__(self, sock: Any, can_batch: Callable[[bytes], bool], on_fail: OnFail,
+                 before_release: Callable[[], None] | None = None) -> None:
         self.sock = sock
         self.can_batch = can_batch
         self.on_fail = on_fail
+        self.before_release = before_release
         self.depth = 0
         self.held: dict[bytes, list[list[bytes]]] = {}
         self.batches = 0  # batch messages sent
@@ -90,8 +97,10 @@ class Batcher:
 
     def release(self) -> None:
         held, self.held = self.held, {}
+        if self.before_release is not None:
+            self.before_release()
         for ident, items in held.items():
-            failed = False
+            failed = not self.can_batch(ident)
             for chunk in protocol.chunks(items):
                 message = [ident, *protocol.packed(chunk)]
                 if not failed and send_now(self.sock, message):

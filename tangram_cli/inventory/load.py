@@ -26,6 +26,9 @@ from typing import Any
 
 import yaml
 
+from tangram.errors import ConfigError
+from tangram_cli.controller.jobs_config import parse_jobs
+from tangram_cli.controller.pools import parse_policy
 from tangram_cli.errors import InventoryError
 from tangram_cli.inventory import model as m
 from tangram_cli.inventory.nodes import OverrideSpec, resolve_nodes
@@ -162,6 +165,8 @@ def _resolve(
         for k, v in _mapping_section(data, "profiles", problems).items()
     }
     _check_default_profile(data, profiles, problems)
+    jobs = _jobs(data.get("jobs"), problems)
+    pool = _sandbox_pool(data.get("sandbox_pool"), problems)
     if problems or top is None or ctl is None or sched is None:
         return None
     return m.Inventory(
@@ -174,7 +179,29 @@ def _resolve(
         profiles=tuple(m.Profile(k, p.efficiency, p.serial_fraction) for k, p in profiles.items() if p),
         source=source,
         groups={g: tuple(n.name for e, n in pairs if e.group == g) for g in groups_raw},
+        jobs=jobs,
+        sandbox_pool=pool,
     )
+
+
+def _jobs(raw: Any, problems: list[Problem]) -> tuple[Any, ...]:
+    """The ``jobs`` section, as the controller's config reads it (jobs_config.parse_jobs)."""
+    try:
+        return parse_jobs(raw)
+    except ConfigError as exc:
+        path, _, message = exc.message.partition(": ")
+        problems.append(Problem(path, message + (f" ({exc.hint})" if exc.hint else "")))
+        return ()
+
+
+def _sandbox_pool(raw: Any, problems: list[Problem]) -> Any:
+    """The ``sandbox_pool`` section, as the controller's config reads it (pools.parse_policy)."""
+    try:
+        return parse_policy(raw)
+    except ConfigError as exc:
+        path, _, message = exc.message.partition(": ")
+        problems.append(Problem(path, message + (f" ({exc.hint})" if exc.hint else "")))
+        return None
 
 
 def _check_default_profile(

@@ -353,6 +353,8 @@ class InventorySpec(Spec):
     groups: Any = None
     apis: Any = None
     profiles: Any = None
+    jobs: Any = None  # RL jobs: checked by tangram_cli.controller.jobs_config.parse_jobs (load.py)
+    sandbox_pool: Any = None  # warm sandbox pools: checked by tangram_cli.controller.pools.parse_policy
 
 
 # --------------------------------------------------------------------------------------------
@@ -458,6 +460,8 @@ class Inventory:
     nodes: tuple[Node, ...]
     apis: tuple[Api, ...] = ()
     profiles: tuple[Profile, ...] = ()
+    jobs: tuple[Any, ...] = ()  # jobs_config.JobConf: weights, caps, bound keys
+    sandbox_pool: Any = None  # tangram.core.pool.PoolPolicy; None: pools off
     source: str = "<string>"
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # group -> node names
 

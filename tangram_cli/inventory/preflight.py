@@ -12,7 +12,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tangram_cli.bootstrap import netaddr
 from tangram_cli.errors import InventoryError
+from tangram_cli.hostlist import compress
+from tangram_cli.inventory.load import parse_yaml
 from tangram_cli.inventory.problems import Problem, fmt_path
 
 HINT = "fix the entries above, then rerun `tangram up --dry-run`"
@@ -20,8 +23,6 @@ HINT = "fix the entries above, then rerun `tangram up --dry-run`"
 
 def controller_problems(inv: Any) -> list[Problem]:
     """``controller.bind`` must resolve to addresses this machine may bind."""
-    from tangram_cli.bootstrap import netaddr
-
     bind = inv.controller.bind
     if not netaddr.resolve(bind):
         return [Problem("controller.bind", f"{bind} resolves to no address")]
@@ -66,8 +67,6 @@ def _keys_with(raw: Any, key: str, value: str, loc: tuple[Any, ...] = ()) -> Ite
 
 
 def _raw(inv: Any) -> Any:
-    from tangram_cli.inventory.load import parse_yaml
-
     try:
         text = Path(inv.source).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -78,8 +77,6 @@ def _raw(inv: Any) -> Any:
 def identity_problems(inv: Any, nodes: Iterable[Any]) -> list[Problem]:
     """Each distinct ``identity_file`` of ``nodes`` that is missing or unreadable, at every key that
     sets it (or ``ssh.identity_file`` when the key cannot be found, e.g. set by a CLI flag)."""
-    from tangram_cli.hostlist import compress
-
     users: dict[str, list[str]] = {}
     for n in nodes:
         if n.identity_file:

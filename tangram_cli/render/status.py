@@ -1,4 +1,5 @@
-"""`tangram status` rendering: header, NODES / SERVICES / APIS / QUEUE tables (docs/cli.md, `tangram status`).
+"""`tangram status` rendering: header, NODES / SERVICES / APIS / JOBS / QUEUE tables (docs/cli.md,
+`tangram status`). JOBS appears once a client names an RL job or the config defines one.
 
 QUEUE lists running actions first (``R``/``CG``, at most ``RUNNING_SHOWN`` unless wide) and then the
 waiting ones (``PD``), as squeue does, with a line on how many more there are.
@@ -15,9 +16,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from tangram.units import format_cpulist
 from tangram_cli.hostlist import compress
 
-KNOWN_SECTIONS = ("nodes", "services", "apis", "queue")
+# Imported where used, not here (start-up cost): rich (only tables need it; `tangram status -o json` does
+# not) and tangram.protocol (~0.1 s; the bootstrap loads this module too).
+
+KNOWN_SECTIONS = ("nodes", "services", "apis", "jobs", "queue")
 DOWN = ("down", "unreach", "lost", "gone", "dead", "failed")  # failed: `up` could not bootstrap it
 
 
@@ -247,6 +252,26 @@ def period_text(s: float) -> str:
     return f"{s:g}s"
 
 
+def _held(r: Mapping[str, Any], unit: str) -> str:
+    """``12 (25%)``: units a job holds now and its share of the cluster's."""
+    n, share = first(r, unit, default=0), _num(first(r, f"{unit}_share"))
+    return f"{n} ({share:.0%})" if n and share is not None else _listish(n)
+
+
+JOB_COLS: list[Col] = [
+    ("JOB", lambda r: str(first(r, "job", default="") or "(default)")),
+    ("WEIGHT", lambda r: f"{_num(first(r, 'weight')) or 1:g}"),
+    ("CLIENTS", lambda r: _listish(first(r, "clients"))),
+    ("QUEUE", lambda r: _listish(first(r, "queued"))),
+    ("CORES(share)", lambda r: _held(r, "cores")),
+    ("GPUS(share)", lambda r: _held(r, "gpus")),
+    ("API", lambda r: " ".join(f"{k}={v}" for k, v in (first(r, "api_in_flight") or {}).items() if v) or "-"),
+    ("CORE-S", lambda r: f"{_num(first(r, 'core_s')) or 0:,.0f}"),
+    ("GPU-S", lambda r: f"{_num(first(r, 'gpu_s')) or 0:,.0f}"),
+    ("CAPS", lambda r: " ".join(f"{k}={v}" for k, v in (first(r, "caps") or {}).items()) or "-"),
+]
+
+
 QUEUE_COLS: list[Col] = [
     ("ACTION", lambda r: str(first(r, "action_id", "action", "id", default="?"))),
     ("CLIENT", lambda r: client_label(r)),
@@ -318,8 +343,6 @@ def _resources(r: Mapping[str, Any]) -> str:
         return str(first(r, "demand", default="-") or "-")
     kind = first(r, "kind")
     if isinstance(grant, list) and kind in ("exec", "call"):
-        from tangram.units import format_cpulist
-
         ids = [g for g in grant if isinstance(g, int) and not isinstance(g, bool) and g >= 0]
         listed = format_cpulist(sorted(set(ids))) if len(ids) == len(grant) else _listish(grant)
         return f"{'cores' if kind == 'exec' else 'gpus'} {listed}"
@@ -389,7 +412,7 @@ def summary(
         p50 = waits[len(waits) // 2] if waits else None
     proto = first(meta, "proto", "protocol")
     if proto is None:
-        from tangram import protocol
+        from tangram import protocol  # start-up cost: see the note at the top
 
         proto = f"{protocol.PROTOCOL_MAJOR}.{protocol.PROTOCOL_MINOR}"
     return {
@@ -470,6 +493,9 @@ def tables(
         rs_ = rows(records, name)
         if rs_:
             out.append((name.upper(), [c[0] for c in cols], [[fn(r) for _, fn in cols] for r in rs_]))
+    jobs = rows(records, "jobs")
+    if "jobs" in want and any(first(r, "job") for r in jobs):  # only with a job beside the default one
+        out.append(("JOBS", [c[0] for c in JOB_COLS], [[fn(r) for _, fn in JOB_COLS] for r in jobs]))
     if "queue" in want:
         acts, _note = action_rows(records, wide=wide)
         if acts:
@@ -506,7 +532,7 @@ def renderable(
     sections: Iterable[str] = KNOWN_SECTIONS,
 ) -> Any:
     """A rich renderable: the header line then each non-empty table."""
-    from rich import box
+    from rich import box  # start-up cost: see the note at the top
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text

@@ -17,13 +17,15 @@ import time
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 
 from tangram_cli.bootstrap.hoststeps import HostResult, StepEvent
+from tangram_cli.hostlist import compress
 
 
 def _console(stderr: bool = False) -> Any:
-    from rich.console import Console
-
     out = Console(stderr=stderr, highlight=False, markup=False)  # names and reasons are not markup
     return out if out.is_terminal else Console(stderr=stderr, highlight=False, markup=False, width=250)
 
@@ -41,8 +43,6 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if self.console.is_terminal and not self.quiet:
-            from rich.live import Live
-
             self.live = Live(self._table(), console=self.console, refresh_per_second=8, transient=True)
             self.live.__enter__()
         return self
@@ -87,8 +87,6 @@ class Progress:
         return ""
 
     def _table(self) -> Any:
-        from rich.table import Table
-
         t = Table(box=None, header_style="bold", pad_edge=False)
         for h in ("NODE", "STEP", "TIME", "DETAIL"):
             t.add_column(h, no_wrap=True)
@@ -111,8 +109,6 @@ def result_word(r: HostResult) -> str:
 
 
 def result_table(results: dict[str, HostResult]) -> Any:
-    from rich.table import Table
-
     t = Table(box=None, header_style="bold", pad_edge=False)
     for h in ("NODE", "DESTINATION", "RESULT", "STEP", "TIME"):
         t.add_column(h, no_wrap=True)
@@ -146,8 +142,6 @@ def counts_line(outcome: Any) -> str:
     )
     anyway = [r.node for r in outcome.results.values() if r.registered and not r.bootstrapped]
     if anyway:
-        from tangram_cli.hostlist import compress
-
         line += f"; {compress(anyway)}: not bootstrapped, but the agent already running there is registered"
     return line
 
@@ -180,8 +174,6 @@ def print_outcome(outcome: Any, *, json_out: bool) -> int:
 
 
 def _print_error(outcome: Any, code: int) -> None:
-    from tangram_cli.hostlist import compress
-
     failed = outcome.failed
     click.echo(
         f"error: {len(failed)} of {len(outcome.results)} host(s) failed: {', '.join(r.node for r in failed)}",

@@ -34,6 +34,7 @@ DATA_COMMANDS = [
     ("bench", "burst"),
     ("bench", "scale"),
     ("bench", "chaos"),
+    ("bench", "pool"),
 ]
 ALL_COMMANDS = [
     *DATA_COMMANDS,
@@ -172,6 +173,7 @@ def test_duration_type_reads_the_units_syntax() -> None:
         (("bench", "burst"), "--timeout"),
         (("bench", "scale"), "--timeout"),
         (("bench", "chaos"), "--timeout"),
+        (("bench", "pool"), "--gap"),
     ],
     ids=lambda v: v if isinstance(v, str) else " ".join(v),
 )

@@ -9,8 +9,10 @@ configuration, the SSH `docker rm` command) are checked without Docker.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,9 @@ from agent.config import AgentConfig
 from agent.executors.docker import LABEL_CLUSTER, LABEL_CLUSTER_ID
 from tangram.errors import ConfigError
 from tangram_cli import state as st
-from tangram_cli.bootstrap import local, plan, restart
+from tangram_cli.bootstrap import local, plan
 from tangram_cli.controller.config import parse_config
+from tangram_cli.inventory.configs import agent_config
 from tangram_cli.main import cli
 
 DEAD_PID = 2**22 + 4242  # no such process: the state is stale, so `down` skips the controller
@@ -155,14 +158,15 @@ def test_cluster_id_in_state_controller_and_agent_config(
     (tmp_path / "clusters" / "old" / "state.json").write_text('{"name": "old", "controller_pid": 1}')
     assert st.load("old").cluster_id == ""  # legacy
 
-    assert parse_config(restart.with_cluster_id({"cluster": "c1"}, cid)).cluster_id == cid
-    assert "cluster_id" not in restart.with_cluster_id({"cluster_id": "x1"}, "")
-    assert parse_config({"cluster": "c1"}).cluster_id == ""
+    config = parse_config({"cluster": "c1"})
+    assert config.cluster_id == ""
+    assert parse_config(replace(config, cluster_id=cid).to_dict()).cluster_id == cid
+    assert "cluster_id" not in replace(parse_config({"cluster_id": "x1"}), cluster_id="").to_dict()
     with pytest.raises(ConfigError, match="cluster_id"):
         parse_config({"cluster_id": "Not/Valid"})
 
     node = local.local_inventory().nodes[0]
-    cfg = local.agent_config(
+    cfg = agent_config(
         node,
         cluster="c1",
         controller="tcp://127.0.0.1:1",
@@ -172,10 +176,11 @@ def test_cluster_id_in_state_controller_and_agent_config(
         gpu_mem_mib=None,
         cluster_id=cid,
     )
-    assert cfg["cluster_id"] == cid
-    assert AgentConfig.from_dict(cfg).cluster_id == cid
+    raw = json.loads(cfg.to_json())
+    assert raw["cluster_id"] == cid
+    assert AgentConfig.from_dict(raw).cluster_id == cid
     with pytest.raises(ConfigError, match="cluster_id"):
-        AgentConfig.from_dict({**cfg, "cluster_id": "-bad"})
+        AgentConfig.from_dict({**raw, "cluster_id": "-bad"})
 
 
 def test_ssh_down_command_removes_by_id_only() -> None:

@@ -113,8 +113,9 @@ def test_parse_ready_variants() -> None:
 def test_controller_config_from_local_inventory() -> None:
     from tangram_cli.controller.config import parse_config
     from tangram_cli.inventory import local_default
+    from tangram_cli.inventory.configs import controller_config
 
-    cfg = local.controller_config(local_default(), local_demo=True)
+    cfg = controller_config(local_default(), local_demo=True).to_dict()
     names = {s["name"] for s in cfg["services"]}
     assert "reward" in names
     reward = next(s for s in cfg["services"] if s["name"] == "reward")
@@ -129,9 +130,10 @@ def test_controller_config_from_local_inventory() -> None:
 def test_agent_config_is_accepted_by_the_agent(tmp_path: Path) -> None:
     from agent.config import AgentConfig
     from tangram_cli.inventory import local_default
+    from tangram_cli.inventory.configs import agent_config
 
     node = local_default().nodes[0]
-    raw = local.agent_config(
+    raw = agent_config(
         node,
         cluster="local",
         controller="tcp://127.0.0.1:5",
@@ -142,7 +144,7 @@ def test_agent_config_is_accepted_by_the_agent(tmp_path: Path) -> None:
         cpus=[0, 1],
         idle_cpus=[0],
     )
-    cfg = AgentConfig.from_dict(raw)
+    cfg = AgentConfig.from_dict(json.loads(raw.to_json()))
     assert cfg.emulated_gpus == 8
     assert cfg.cpus == [0, 1]
     assert cfg.cluster == "local"

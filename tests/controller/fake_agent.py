@@ -53,6 +53,8 @@ class FakeAgent:
     batches_in: int = 0  # BATCH messages received
     welcomed: asyncio.Event = field(default_factory=asyncio.Event)
     curve: Any = None  # tangram.certs.CurveKeys: connect as a CURVE client (tests/security)
+    facts_extra: dict[str, Any] = field(default_factory=dict)  # more Hello facts (e.g. `pool`)
+    pool_targets: list[tuple[str, int, int]] = field(default_factory=list)  # SandboxPool: (image, mem, count)
     _procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     _killed: set[str] = field(default_factory=set)
     _task: asyncio.Task[None] | None = None
@@ -79,6 +81,7 @@ class FakeAgent:
             "hostname": "fake",
             "pid": os.getpid(),
             "version": "test",
+            **self.facts_extra,
         }
         await self.sock.send_multipart(
             p.encode(
@@ -189,6 +192,9 @@ class FakeAgent:
             self._reply(rid, p.Result({"seconds": 0.01, "bytes": 0}))
         elif isinstance(msg, p.Evict):
             self._reply(rid, p.Result({}))
+        elif isinstance(msg, p.SandboxPool):
+            self.pool_targets.append((msg.image, msg.mem_mib, msg.count))
+            self._reply(rid, p.Result({"idle": 0, "making": 0}))
         elif isinstance(msg, p.Invoke):
             payload = msgpack.unpackb(env.blobs[0], raw=False)
             if isinstance(payload, dict) and payload.get("raise"):

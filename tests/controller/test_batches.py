@@ -140,3 +140,28 @@ def test_the_batcher_sends_a_connections_first_words_at_once_and_hands_back_what
         for rid in (3, 4, 5):
             refusing.send(b"d", p.encode(p.Result({}), rid))
     assert failed == [(b"d", 3), (b"d", 4), (b"d", 5)]  # in order, as unsent finals
+
+
+def test_the_batcher_asks_again_at_release_and_hands_back_what_may_no_longer_go() -> None:
+    """A peer that could be sent to when its message was held but not at release (a client whose
+    connection dropped meanwhile) gets nothing; its messages go to `on_fail`, in order, and the
+    `before_release` hook (the gateway's monitor read) runs once, before any send."""
+    from tangram_cli.controller.wire import Batcher
+
+    sock, open_peers, order = _Sock(), {b"a", b"b"}, []
+    failed: list[tuple[bytes, int]] = []
+    batcher = Batcher(
+        sock,
+        lambda ident: ident in open_peers,
+        lambda i, f: failed.append((i, p.decode(f).request_id)),
+        lambda: order.append(len(sock.sent)),
+    )
+    with batcher.holding():
+        for rid in (1, 2):
+            batcher.send(b"a", p.encode(p.Result({}), rid))
+            batcher.send(b"b", p.encode(p.Result({}), rid + 10))
+        open_peers.discard(b"a")  # dropped while held
+    assert order == [0]  # once, before anything was sent
+    assert failed == [(b"a", 1), (b"a", 2)]
+    assert len(sock.sent) == 1 and sock.sent[0][0] == b"b"
+    assert [e.request_id for e in p.decode_all(sock.sent[0][1:])] == [11, 12]

@@ -1,11 +1,21 @@
 """Helpers shared by the scheduler tests: tiny spec builders and an invariant checker."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, Elasticity, Kind
+from tangram.core.approx import Behind, Timeline
 from tangram.core.resources import CPU, GPU, Demand, api_resource
 from tangram.core.scheduler import Scheduler
+
+
+def approx_acts(cand_total: float, cand_plan: Sequence[tuple[int, float]],
+                running: Sequence[tuple[float, int]], behind: Sequence[Behind], capacity_free: int,
+                depth: int = 2) -> float:
+    """ApproxACTs of one plan (``Timeline.objective`` over ``running``'s (time left, units))."""
+    return Timeline(running).objective(cand_total, cand_plan, behind, capacity_free, depth)
 
 
 def exec_spec(aid: str, sandbox: str, lo: int, hi: int | None = None, t_ori: float | None = None,

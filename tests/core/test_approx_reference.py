@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sched_util import approx_acts
 
-from tangram.core.approx import Behind, approx_acts, greedy_eviction
+from tangram.core.approx import Behind, greedy_eviction
 from tangram.core.dp import GreedyTable, arrange_table
 
 

@@ -10,12 +10,20 @@ from buddy_model import ChunkAllocator, NoChunk, UnknownChunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tangram.core.dp import DPTable, Infeasible, scalar_prev_matrix
-from tangram.core.gpu import Chunk, ChunkOperator, chunk_size, gpu_arrange, packable, root_chunks
+from tangram.core.dp import Arrangement, DPTable, Infeasible, Options, scalar_prev_matrix
+from tangram.core.gpu import Chunk, ChunkOperator, FreeChunks, chunk_size, packable, root_chunks
 from tangram.core.managers.gpu import GpuNode
 
 FAST = settings(max_examples=150, deadline=None)
 NODE_SIZES = [1, 2, 4, 8, 3, 5, 6, 7, 12]
+
+
+def gpu_arrange(options: Options, allocator: FreeChunks) -> Arrangement:
+    """The optimum chunk per GPU task over every packable multiset (the chunk-wise DP of one node, as the
+    GPU pass runs it); ``Infeasible`` when even the smallest options do not fit together."""
+    if not options:
+        return 0.0, []
+    return DPTable(options, ChunkOperator(allocator)).best()
 
 
 def rounded(k: int) -> int:

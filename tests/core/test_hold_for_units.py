@@ -5,11 +5,12 @@ DoP for its whole run: the `fig9` reversal in docs/simulator.md §4.1.
 """
 from __future__ import annotations
 
-from sched_util import Ledger, exec_spec
+from sched_util import Ledger, approx_acts, exec_spec
 from test_scheduler import make, open_sb, started
 
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, Kind
+from tangram.core.approx import Behind
 from tangram.core.resources import CPU, Demand
 from tangram.core.state import Running, RunningTable
 
@@ -124,8 +125,6 @@ def test_evicting_the_tail_gives_its_units_to_an_elastic_head():
 
 
 def test_approx_depth_counts_only_actions_with_a_choice():
-    from tangram.core.approx import Behind, approx_acts
-
     tool = Behind(((1, 1.0),))
     reward = Behind(((1, 100.0), (4, 10.0)))
     # depth 1: the tool (one option) must not use up the window; the reward waits for 4 units

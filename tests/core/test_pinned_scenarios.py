@@ -9,7 +9,7 @@ lists them and how they were checked):
    that action on that node"; the paper's Algorithm 1 takes the longest FCFS prefix whose
    minimums fit, with no backfilling).
 2. LRU among several evictable resident services on a GPU: the least recently used one is
-   evicted and the others stay resident (paper §5, GPU manager).
+   evicted and the others stay resident (the GPU manager: docs/gpu.md).
 3. A GPU call whose duration is unknown (no T_ori, no history) or that has no elasticity
    gets its smallest chunk, as a CPU action gets its minimum (pipeline step 4).
 """

@@ -26,6 +26,9 @@ def test_bench_dispatch_json_process_executor(layout: str) -> None:
     assert row["ratio_to_raw_spawn"] > 0
     assert "taskset" in row["raw_spawn_cmd"] or row["raw_spawn_cmd"] == "true"
     assert ("controller_cpu_ms_per_action" in row) == (layout == "separate")
+    # the core hold: the agent's run plus the controller's part, and the throughput it caps
+    assert row["hold_p50_ms"] >= row["hold_run_p50_ms"] > 0
+    assert row["hold_bound_actions_per_s"] > 0
 
 
 @pytest.mark.parametrize("layout", ["separate", "inprocess"])

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.agents import start_agent
+from support.agents import start_agent, stop_process
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(150)]
 
@@ -74,16 +74,6 @@ def _start_agent(addr: str, workdir: Path) -> subprocess.Popen[bytes]:
     cpus = "0-1" if len(os.sched_getaffinity(0)) >= 2 else "0"
     flags = ("--executor", "process", "--cpus", cpus, "--log-level", "INFO")
     return start_agent(addr, str(workdir), *flags, env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def _log(workdir: Path) -> str:
@@ -230,6 +220,7 @@ async def test_torch_services_restore_call_and_evict_through_the_controller(tmp_
             )
     finally:
         if proc is not None:
-            await asyncio.to_thread(_stop, proc)
+            # 15 s: the agent releases its torch services and their GPU memory before it exits
+            await asyncio.to_thread(stop_process, proc, 15.0)
         await asyncio.wait_for(c.stop(), 15)
     assert proc.returncode == 0, f"agent exit status {proc.returncode}; log tail:\n{_log(workdir)[-3000:]}"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.agents import start_agent
+from support.agents import start_agent, stop_process
 
 from tangram import journal as jr
 
@@ -123,11 +123,7 @@ async def test_a_restore_runs_while_its_call_waits_in_the_queue(tmp_path: Path) 
             w = await asyncio.wait_for(tg.call("b", {"n": 1}, gpus=1, timeout=60), 60)
             rx, rh = await asyncio.wait_for(asyncio.gather(x, h), 60)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        await asyncio.to_thread(stop_process, proc, 15.0)
         await asyncio.wait_for(c.stop(), 15)
 
     assert rx.loaded and rh.value == {"echo": {"sleep_s": 0.1}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -436,7 +437,7 @@ def test_trusted_code_only_reaches_the_agent_config(tmp_path: Path) -> None:
     """A node that cannot contain sandboxes (non-root SSH user) opts out in the inventory; the flag
     reaches its agent's config, and nodes that did not ask keep the default (contain or refuse)."""
     from agent.config import AgentConfig
-    from tangram_cli.bootstrap import local
+    from tangram_cli.inventory.configs import agent_config
 
     text = edit("executor: auto, image", "executor: process, trusted_code_only: true, image")
     inv = load_inventory(textwrap.dedent(text))
@@ -445,8 +446,8 @@ def test_trusted_code_only_reaches_the_agent_config(tmp_path: Path) -> None:
     assert by_group["reward-gpu"].trusted_code_only is False
     kw = dict(cluster="c1", controller="tcp://127.0.0.1:5", workdir=str(tmp_path), executor="process",
               emulated_gpus=0, gpu_mem_mib=None, cpus=[0, 1], idle_cpus=[0])
-    raw = local.agent_config(by_group["sandbox-cpu"], **kw)
+    raw = json.loads(agent_config(by_group["sandbox-cpu"], **kw).to_json())
     assert AgentConfig.from_dict(raw).trusted_code_only is True
-    assert "trusted_code_only" not in local.agent_config(by_group["reward-gpu"], **kw)
+    assert "trusted_code_only" not in json.loads(agent_config(by_group["reward-gpu"], **kw).to_json())
     one(edit("executor: auto, image", "executor: auto, trusted_code_only: maybe, image"),
         "groups.sandbox-cpu.vars.trusted_code_only", "")

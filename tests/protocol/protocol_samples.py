@@ -19,6 +19,7 @@ SAMPLES: dict[type[p.Message], tuple[p.Message, tuple[bytes, ...]]] = {
             bundle="sha256:abc123",
             sandboxes=["sb-1", "sb-2"],
             actions=[{"action": "a-1", "attempt": 2, "epoch": 7}],
+            job="grpo-7b",
         ),
         (),
     ),
@@ -85,6 +86,7 @@ SAMPLES: dict[type[p.Message], tuple[p.Message, tuple[bytes, ...]]] = {
     p.Evict: (p.Evict("rm-7b", [1]), ()),
     p.Invoke: (p.Invoke("act-2", "rm-7b", [0], 30.0, attempt=2, epoch=9, agent_epoch=4), (PAYLOAD,)),
     p.Shutdown: (p.Shutdown("tangram down"), ()),
+    p.SandboxPool: (p.SandboxPool(4, "swe-sandbox:2025-06", 2048), ()),
     p.StatusReq: (p.StatusReq(sections=["nodes", "queue"], limit=10), ()),
     p.Status: (p.Status({"nodes": [{"name": "n1", "cores": 64, "load": 0.5}], "queue": []}), ()),
 }

@@ -98,3 +98,10 @@ def test_a_batch_body_over_the_limit_is_refused() -> None:
     with pytest.raises(ProtocolError) as err:
         p.decode_all(_frames(body))
     assert "batch body over" in str(err.value)
+
+
+@pytest.mark.parametrize("value", [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1])
+def test_a_batch_writes_ints_as_msgpack_does(value: int) -> None:
+    assert p._msgpack_uint(value) == msgpack.packb(value)
+    assert p._msgpack_uints([value] * p.MAX_BLOBS) == msgpack.packb([value] * p.MAX_BLOBS)
+    assert p.MAX_BLOBS < 16  # the blob sizes are a fixarray

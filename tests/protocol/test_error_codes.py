@@ -104,7 +104,6 @@ def test_base_attributes() -> None:
         (e.TangramError, 1),
         (e.ConfigError, 2),
         (ce.InventoryError, 2),
-        (e.PartialFailure, 3),
         (e.ClusterNotFound, 4),
         (e.ControllerUnreachable, 4),
         (ce.BootstrapError, 1),
@@ -153,7 +152,6 @@ def test_errors_survive_copy() -> None:  # the same protocol multiprocessing use
         e.ProtocolError(e.ProtocolErrorKind.SCHEMA, "Exec.cmd: missing"),
         e.NonZeroExit("exit 1", result={"exit_code": 1}),
         ce.HostKeyMismatch("changed", host="n1"),
-        e.PartialFailure("1 of 2", failures={"n1": ce.HostUnreachable("down")}),
     ]
     for exc in samples:
         clone = copy.deepcopy(exc)

@@ -27,6 +27,16 @@ def test_call_outcome_round_trips() -> None:
     assert CallOutcome.from_body(out.to_body()) == out
 
 
+def test_the_controller_adds_its_fields_to_the_body_without_a_second_outcome() -> None:
+    out = ExecOutcome(exit_code=0, run_s=0.5, cores=(1,), node="agent")
+    body = out.to_body(cores=[4, 5], dop=2, queued_s=0.25, node="n2")
+    want = dataclasses.replace(out, cores=(4, 5), dop=2, queued_s=0.25, node="n2")
+    assert ExecOutcome.from_body(body) == want
+    assert out.to_body()["cores"] == [1]  # the outcome itself is unchanged; tuples travel as lists
+    with pytest.raises(TypeError, match="gpus"):
+        out.to_body(gpus=[0])  # a field of CallOutcome, not of ExecOutcome
+
+
 def test_missing_keys_take_defaults_and_unknown_keys_are_ignored() -> None:
     out = ExecOutcome.from_body({"exit_code": 0, "some_future_key": [1, 2]})
     assert out == ExecOutcome(exit_code=0)

@@ -36,9 +36,9 @@ def _wait(batch: int, policy: str = "k8s:1", spec: ClusterSpec = WIDE) -> dict:
 
 def test_defaults_are_the_published_ones():
     s = ClusterSpec()
-    assert s.pod_exec_api_qps == 50.0  # anchors §1.1: default --kube-api-qps=50
-    assert s.pod_api_per_s == 70.0  # anchors §1.1: pod scheduling tops out near 70 pods/s
-    assert s.pod_exec_overhead_s == 0.068  # anchors §1.1: exec_run ~68 ms
+    assert s.pod_exec_api_qps == 50.0  # docs/simulator.md §6.2: default --kube-api-qps=50
+    assert s.pod_api_per_s == 70.0  # docs/simulator.md §6.2: pod scheduling tops out near 70 pods/s
+    assert s.pod_exec_overhead_s == 0.068  # docs/simulator.md §6.2: exec_run ~68 ms
 
 
 def test_one_trajectory_never_waits_for_the_api():

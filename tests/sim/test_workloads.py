@@ -16,7 +16,8 @@ FILES = sorted(
 
 def test_every_shipped_workload_loads_and_generates():
     assert FILES == [
-        "coding.yaml", "deepsearch.yaml", "deepsearch_keys.yaml", "mopd.yaml", "mopd_search.yaml"
+        "coding.yaml", "coding_burst.yaml", "coding_jobs.yaml", "deepsearch.yaml", "deepsearch_keys.yaml",
+        "mopd.yaml", "mopd_search.yaml",
     ]
     for name in workloads.NAMES:
         w = workloads.load(name)

@@ -36,11 +36,12 @@ def start_agent(
         )
 
 
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes], wait_s: float = 10.0) -> None:
+    """SIGTERM, up to ``wait_s`` for it to exit, then SIGKILL."""
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(10)
+            proc.wait(wait_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)

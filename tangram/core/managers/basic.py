@@ -1,4 +1,4 @@
-"""Basic manager: API slots under a concurrency limit or a quota per period (paper §5).
+"""Basic manager: API slots under a concurrency limit or a quota per period (docs/scheduler.md).
 
 Contract:
 1. ``concurrency`` mode: at most ``limit`` leases in flight at once.

@@ -1,4 +1,4 @@
-"""CPU manager: exclusive cores per node, NUMA packing, trajectory placement (paper §5).
+"""CPU manager: exclusive cores per node, NUMA packing, trajectory placement (docs/scheduler.md).
 
 Contract:
 1. A core belongs to at most one running action (or one reserved sandbox) at a time.

@@ -1,4 +1,4 @@
-"""GPU manager: evict-on-execution over buddy chunks of 1/2/4/8 GPUs (paper §5).
+"""GPU manager: evict-on-execution over buddy chunks of 1/2/4/8 GPUs (docs/scheduler.md, docs/gpu.md).
 
 Contract:
 1. A chunk ``[start, start + size)`` has a power-of-two size and ``start % size == 0``
