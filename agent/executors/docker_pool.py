@@ -347,7 +347,7 @@ class SandboxPool:
         self.stats.removed += 1
 
     async def _rename(self, cid: str, sandbox: str) -> None:
-        import docker.errors
+        import docker.errors  # optional dependency: agent/pool_requests.py imports this module on every agent
 
         await asyncio.sleep(QUIET_S)  # rule 1: after the sandbox's first actions
         try:
