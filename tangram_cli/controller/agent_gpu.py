@@ -70,8 +70,9 @@ class GpuCommands:
         async def run() -> None:
             try:
                 env = await self.request(c.node, protocol.Load(c.service, list(range(c.start, c.end))))
-            except NodeLost:
-                failed["why"] = "node lost during load"
+            except NodeLost as exc:  # its connection dropped (maybe before the node is declared lost)
+                failed["why"] = f"node {c.node} lost during the load of {c.service}: {exc}"
+                failed["lost"] = "1"
                 return
             if isinstance(env.msg, protocol.Error):
                 failed["why"] = f"load of {c.service} failed: {env.msg.message}"
@@ -104,8 +105,10 @@ class GpuCommands:
         if before:
             await asyncio.shield(asyncio.gather(*before, return_exceptions=True))
         failed = getattr(load, "failed", {}) if load is not None else {}
-        if failed.get("why"):
-            rec.outcome = Outcome(error=protocol.Error("INTERNAL", failed["why"], False))
+        if failed.get("why"):  # a lost node is NODE_LOST (retryable), as for any action on it
+            why = failed["why"]
+            error = protocol.Error.from_exception(NodeLost(why)) if failed.get("lost") else None
+            rec.outcome = Outcome(error=error or protocol.Error("INTERNAL", why, False))
             self.post(ev.ActionFinished(c.action_id, ok=False, reason="load failed"))
             return
         agent = self.agents.get(c.node)
