@@ -42,6 +42,22 @@ CONFIG: dict[str, Any] = {
 
 
 @pytest.fixture
+async def metered() -> AsyncIterator[Callable[..., Any]]:
+    """`await metered(**config)`: an in-process controller with its metrics endpoint on a free port."""
+    made: list[Controller] = []
+
+    async def make(**extra: Any) -> Controller:
+        c = Controller(parse_config({**CONFIG, **extra}), Options(bind="127.0.0.1", metrics_port=0))
+        c.start()
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        await c.stop()
+
+
+@pytest.fixture
 async def make_controller() -> AsyncIterator[Callable[..., Any]]:
     made: list[Controller] = []
 

@@ -6,7 +6,6 @@ holdings and core-seconds."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,31 +14,13 @@ import pytest
 import tangram
 from tangram.errors import BadRequest, ConfigError
 from tangram_cli.controller.config import parse_config
-from tangram_cli.controller.daemon import Controller, Options
 from tangram_cli.controller.jobs_config import JobConf, admit_job, parse_jobs
 from tangram_cli.errors import InventoryError
 from tangram_cli.inventory import load_inventory
 from tangram_cli.inventory.configs import controller_config
 from tangram_cli.render import status as rs
 
-from .conftest import CONFIG
 from .test_metrics import scrape, value
-
-
-@pytest.fixture
-async def metered() -> AsyncIterator[Callable[..., Any]]:
-    """`await metered(**config)`: an in-process controller with its metrics endpoint on a free port."""
-    made: list[Controller] = []
-
-    async def make(**extra: Any) -> Controller:
-        c = Controller(parse_config({**CONFIG, **extra}), Options(bind="127.0.0.1", metrics_port=0))
-        c.start()
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        await c.stop()
 
 
 @pytest.mark.parametrize(

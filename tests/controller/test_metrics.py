@@ -9,7 +9,6 @@ import asyncio
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -58,22 +57,6 @@ def close_below(recorded: float, answered: float) -> bool:
 
 def series(samples: Samples, metric: str) -> list[dict[str, str]]:
     return [dict(labels) for (n, labels) in samples if n == metric]
-
-
-@pytest.fixture
-async def metered() -> AsyncIterator[Callable[..., Any]]:
-    """`await metered(**config)`: an in-process controller with its metrics endpoint on a free port."""
-    made: list[Controller] = []
-
-    async def make(**extra: Any) -> Controller:
-        c = Controller(parse_config({**CONFIG, **extra}), Options(bind="127.0.0.1", metrics_port=0))
-        c.start()
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        await c.stop()
 
 
 async def _run_actions(c: Controller, raw_client: Any) -> dict[str, Any]:
