@@ -1,6 +1,6 @@
 """`tangram bench`: benchmarks that print figures (never asserted in tests).
 
-The benchmarks live in tangram_cli/bench_*.py; the conventions every command follows (``-o
+The benchmarks live in tangram_cli/bench/; the conventions every command follows (``-o
 table|json`` with ``--json`` kept hidden, ``-v``/``-q``, durations with units) are applied to them
 here and by `tangram_cli.params.conform`.
 """
@@ -10,7 +10,7 @@ import importlib.util
 
 import click
 
-from tangram_cli.bench_scheduler import scheduler
+from tangram_cli.bench.scheduler import scheduler
 from tangram_cli.params import conform, duration_params
 
 # options of the benchmarks that are seconds: they take a duration (90, 90s, 1.5m) as well
@@ -28,11 +28,11 @@ def command() -> None:
 command.add_command(scheduler)
 
 for _module, _name in (
-    ("tangram_cli.bench_dispatch", "dispatch"),
-    ("tangram_cli.bench_burst", "burst"),
-    ("tangram_cli.bench_scale", "scale"),
-    ("tangram_cli.bench_chaos", "chaos"),
-    ("tangram_cli.bench_pool", "pool"),
+    ("tangram_cli.bench.dispatch", "dispatch"),
+    ("tangram_cli.bench.burst", "burst"),
+    ("tangram_cli.bench.scale", "scale"),
+    ("tangram_cli.bench.chaos", "chaos"),
+    ("tangram_cli.bench.pool", "pool"),
 ):
     if importlib.util.find_spec(_module) is not None:
         command.add_command(getattr(importlib.import_module(_module), _name))

@@ -1,7 +1,7 @@
 """`tangram demo`: the built-in agentic-RL workload, under Tangram and under a static baseline.
 
 Uses the cluster named by TANGRAM_ADDR, else the running local cluster, else starts the local
-default (`tangram up`). See tangram_cli/demo_workload.py for the workload and the metrics.
+default (`tangram up`). See tangram_cli/demo/workload.py for the workload and the metrics.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tangram_cli import demo_workload as dw
 from tangram_cli import state as st
 from tangram_cli.bootstrap import local
+from tangram_cli.demo import workload as dw
 from tangram_cli.params import output_option, verbosity
 from tangram_cli.render import status as rs
 

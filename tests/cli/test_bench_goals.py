@@ -7,22 +7,22 @@ import json
 
 from click.testing import CliRunner
 
-from tangram_cli import bench_burst, bench_dispatch, bench_goals, bench_scale, bench_scheduler
+from tangram_cli.bench import burst, dispatch, goals, scale, scheduler
 from tangram_cli.main import cli
 
 
 def test_word_summary_and_overall():
-    assert bench_goals.word(True) == "PASS" and bench_goals.word(False) == "FAIL"
-    assert bench_goals.word(None) == "-"
-    assert bench_goals.at_most(1.0, 1.0) is True and bench_goals.at_most(1.01, 1.0) is False
-    assert bench_goals.at_least(700, 700) is True and bench_goals.at_least(699, 700) is False
-    assert bench_goals.at_most(None, 1.0) is None and bench_goals.at_most(True, 1.0) is None
-    assert bench_goals.summary({"a": True, "b": True}) == "goals: PASS (2 of 2 met)"
-    text = bench_goals.summary({"a": True, "b": False, "c": None})
+    assert goals.word(True) == "PASS" and goals.word(False) == "FAIL"
+    assert goals.word(None) == "-"
+    assert goals.at_most(1.0, 1.0) is True and goals.at_most(1.01, 1.0) is False
+    assert goals.at_least(700, 700) is True and goals.at_least(699, 700) is False
+    assert goals.at_most(None, 1.0) is None and goals.at_most(True, 1.0) is None
+    assert goals.summary({"a": True, "b": True}) == "goals: PASS (2 of 2 met)"
+    text = goals.summary({"a": True, "b": False, "c": None})
     assert text == "goals: FAIL (1 of 2 missed: b); not measured: c"
-    assert bench_goals.overall({"a": True, "b": None}) is True
-    assert bench_goals.overall({"a": True, "b": False}) is False
-    assert bench_goals.overall({"a": None}) is None
+    assert goals.overall({"a": True, "b": None}) is True
+    assert goals.overall({"a": True, "b": False}) is False
+    assert goals.overall({"a": None}) is None
 
 
 def _rows(p99_1024: float, worst_ratio: float) -> list[dict]:
@@ -33,12 +33,12 @@ def _rows(p99_1024: float, worst_ratio: float) -> list[dict]:
 
 
 def test_scheduler_goals():
-    ok = bench_goals.scheduler_goals(_rows(0.9, 1.8))
+    ok = goals.scheduler_goals(_rows(0.9, 1.8))
     assert {k: g["met"] for k, g in ok.items()} == {"p99_ms_at_1024": True, "p99_ratio_max": True}
-    bad = bench_goals.scheduler_goals(_rows(2.7, 2.5))
+    bad = goals.scheduler_goals(_rows(2.7, 2.5))
     assert {k: g["met"] for k, g in bad.items()} == {"p99_ms_at_1024": False, "p99_ratio_max": False}
     assert bad["p99_ms_at_1024"]["measured"] == 2.7
-    missing = bench_goals.scheduler_goals([{"queued": 128, "p99_ms": 0.5, "p99_ratio": 1.0}])
+    missing = goals.scheduler_goals([{"queued": 128, "p99_ms": 0.5, "p99_ratio": 1.0}])
     assert missing["p99_ms_at_1024"]["met"] is None
 
 
@@ -57,7 +57,7 @@ def _fixed_measure(monkeypatch, p99_1024: float):
             "running": 1,
         }
 
-    monkeypatch.setattr(bench_scheduler, "measure", fake)
+    monkeypatch.setattr(scheduler, "measure", fake)
 
 
 def test_bench_scheduler_prints_pass_fail(monkeypatch):
@@ -96,13 +96,13 @@ def _burst_doc(**over) -> dict:
 
 
 def test_burst_goals():
-    met = bench_burst.goals_met(_burst_doc())
+    met = burst.goals_met(_burst_doc())
     assert all(met.values()), met
-    slow = bench_burst.goals_met(_burst_doc(actions_per_s=900.0, completed=99))
+    slow = burst.goals_met(_burst_doc(actions_per_s=900.0, completed=99))
     assert slow["instant_actions_per_s"] is False and slow["all_completed"] is False
-    real = bench_burst.goals_met(_burst_doc(agent="python -m agent --executor process", actions_per_s=900.0))
+    real = burst.goals_met(_burst_doc(agent="python -m agent --executor process", actions_per_s=900.0))
     assert real["instant_actions_per_s"] is None  # the rate goal is for the instant agent only
-    big = bench_burst.goals_met(_burst_doc(controller={"rss_peak_mib": 301, "status": {"answer_max_s": 1.5}}))
+    big = burst.goals_met(_burst_doc(controller={"rss_peak_mib": 301, "status": {"answer_max_s": 1.5}}))
     assert big["controller_rss_peak_mib"] is False and big["status_answer_max_s"] is False
 
 
@@ -118,7 +118,7 @@ def test_scale_goals():
             "agent_restarts": 0,
         },
     }
-    met = bench_scale.goals_met(doc)
+    met = scale.goals_met(doc)
     assert met["decide_p99_ms"] is True and met["decide_p99_ms_highest_sample"] is False
     assert met["no_agent_lost"] is True and met["all_completed"] is True
 
@@ -130,10 +130,10 @@ def test_dispatch_goals_per_executor():
         "throughput_actions_per_s": 800,
         "ratio_to_raw_spawn": 1.4,
     }
-    assert bench_dispatch.goals_met(process) == {
+    assert dispatch.goals_met(process) == {
         "throughput_actions_per_s": False,
         "ratio_to_raw_spawn": True,
         "latency_p50_ms": True,
     }
     docker = {"executor": "docker", "throughput_actions_per_s": 800}
-    assert bench_dispatch.goals_met(docker) == {"throughput_actions_per_s": True, "latency_p50_ms": None}
+    assert dispatch.goals_met(docker) == {"throughput_actions_per_s": True, "latency_p50_ms": None}

@@ -11,7 +11,7 @@ from tangram.core.actions import ActionSpec, Kind
 from tangram.core.resources import CPU, Demand
 from tangram.core.scheduler import CoreConfig, Scheduler
 from tangram_cli.controller.config import BUILTIN_PROFILES
-from tangram_cli.demo_workload import DemoConfig, exec_args, speed_sentence
+from tangram_cli.demo.workload import DemoConfig, exec_args, speed_sentence
 
 
 def test_speed_sentence_words_a_loss_as_slower():

@@ -1,4 +1,4 @@
-"""The benches' count of final replies (tangram_cli/bench_burst.py, FinalCounter): a request
+"""The benches' count of final replies (tangram_cli/bench/burst.py, FinalCounter): a request
 answered twice is a duplicate, unless it was resent and the second answer is the first again
 (the replay of a restarted controller's reply cache, which the client library drops)."""
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram import protocol as p
-from tangram_cli.bench_burst import FinalCounter
+from tangram_cli.bench.burst import FinalCounter
 
 
 @dataclass

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tangram import discovery
-from tangram_cli import demo_workload as dw
 from tangram_cli import state as st
 from tangram_cli.bootstrap import bundle, local
+from tangram_cli.demo import workload as dw
 from tangram_cli.render import status as rs
 
 

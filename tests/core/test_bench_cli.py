@@ -24,7 +24,7 @@ def test_bench_scheduler_json_has_latency_figures_per_queue_length() -> None:
 
 
 def test_bench_scheduler_json_defaults_to_long_queues_and_the_table_to_short_ones(monkeypatch) -> None:
-    import tangram_cli.bench_scheduler as bench
+    import tangram_cli.bench.scheduler as bench
 
     asked: list[int] = []
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tangram_cli.bench_burst import burst
+from tangram_cli.bench.burst import burst
 
 
 @pytest.mark.parametrize("instant", [False, True], ids=["process-agent", "instant-agent"])

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tangram_cli.bench_dispatch import dispatch, raw_posix_spawn
+from tangram_cli.bench.dispatch import dispatch, raw_posix_spawn
 
 
 @pytest.mark.parametrize("layout", ["separate", "inprocess"])

@@ -7,8 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tangram_cli.bench_agents import model_seconds
-from tangram_cli.bench_scale import plans, scale
+from tangram_cli.bench.agents import model_seconds
+from tangram_cli.bench.scale import plans, scale
 
 
 def test_model_seconds_is_the_simulators_amdahl_duration() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tangram_cli.bench_chaos import KINDS, chaos
+from tangram_cli.bench.chaos import KINDS, chaos
 
 # kind -> why today's product misses a count goal for it (docs/recovery.md, "Chaos benchmark")
 KNOWN_FAILING: dict[str, str] = {}

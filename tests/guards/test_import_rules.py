@@ -6,10 +6,11 @@ so the map and the code cannot drift apart: every module must sit in exactly one
 of this repository's code (at the top of a module or inside a function, ``TYPE_CHECKING`` ones too) must
 land in a room its own room may import.
 
-Three rules are also checked straight on the code, so that loosening the table cannot loosen them: the
+Four rules are also checked straight on the code, so that loosening the table cannot loosen them: the
 library (``tangram/``) never imports ``tangram_cli`` or ``agent``; ``tangram/core`` imports nothing of the
 repository outside itself (its purity, no I/O, is tests/guards/test_core_purity.py); ``agent`` never imports
-``tangram_cli``.
+``tangram_cli``; the operator's side outside the commands (controller, bootstrap, inventories, ...) never
+imports the benchmarks (``tangram_cli/bench/``) or the demo (``tangram_cli/demo/``).
 """
 
 from __future__ import annotations
@@ -131,13 +132,16 @@ def test_every_import_follows_the_table() -> None:
     [
         ("tangram/", ("tangram_cli/", "agent/")),  # the library never imports the operator side or the agent
         ("agent/", ("tangram_cli/",)),  # the agent bundle ships without tangram_cli
+        # the controller, bootstrap and the rest of the operator's side never load benchmark or demo code
+        ("tangram_cli/", ("tangram_cli/bench/", "tangram_cli/demo/")),
     ],
 )
 def test_the_fixed_rules_hold_on_the_code(where: str, forbidden: tuple[str, ...]) -> None:
+    leaves = ("tangram_cli/commands/", "tangram_cli/bench/", "tangram_cli/demo/")  # may use the benches
     bad = [
         f"{rel}:{line}: imports {module}"
         for rel in python_files(ROOT)
-        if rel.startswith(where)
+        if rel.startswith(where) and not (where == "tangram_cli/" and rel.startswith(leaves))
         for line, module in imports_of(ROOT, rel)
         if (module_file(ROOT, module) or "").startswith(forbidden)
     ]
@@ -184,3 +188,32 @@ def test_the_guard_catches_a_forbidden_import(tmp_path: Path) -> None:
     assert any("tangram/errors.py:1: imports tangram.missing" in v for v in found), found
     assert any("tangram/stray.py: in no room" in v for v in found), found
     assert len(found) == 4, found  # the relative import and the CLI's function-local one are allowed
+
+
+def test_a_room_inside_another_room_is_its_own(tmp_path: Path) -> None:
+    """`tangram_cli/bench/` lies inside `tangram_cli/`: its files are in room bench, not cli."""
+    for rel, text in {
+        "tangram_cli/__init__.py": "",
+        "tangram_cli/state.py": "from tangram_cli.bench import load\n",
+        "tangram_cli/bench/__init__.py": "",
+        "tangram_cli/bench/load.py": "from tangram_cli import state\n",
+        "tangram_cli/commands/__init__.py": "",
+        "tangram_cli/commands/bench.py": "from tangram_cli.bench import load\nimport tangram_cli.state\n",
+    }.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    table = [
+        "| Room | Files | Holds | May import |",
+        "|---|---|---|---|",
+        "| commands | `tangram_cli/commands/` | x | commands, bench, cli |",
+        "| bench | `tangram_cli/bench/` | x | bench, cli |",
+        "| cli | `tangram_cli/` | x | cli |",
+    ]
+    rules = read_rules("\n".join(["<!-- import-rules -->", *table, "<!-- /import-rules -->"]))
+    assert room_of("tangram_cli/bench/load.py", rules) == "bench"
+    assert room_of("tangram_cli/bench/__init__.py", rules) == "bench"
+    assert room_of("tangram_cli/state.py", rules) == "cli"
+    found = violations(tmp_path, rules)
+    assert found == [
+        "tangram_cli/state.py:1: room cli imports tangram_cli.bench.load (room bench), which it may not"
+    ]

@@ -1,4 +1,4 @@
-"""`python -m tangram_cli.bench_chaos_load`: one load client of `tangram bench chaos`.
+"""`python -m tangram_cli.bench.chaos_load`: one load client of `tangram bench chaos`.
 
 It uses the real client library (`tangram.AsyncClient`) and keeps a steady load of mixed
 actions going across faults (reconnecting is the library's job). Commands on stdin, one per
@@ -38,7 +38,7 @@ from typing import Any
 
 import tangram
 from tangram.errors import ErrorCode, TangramError
-from tangram_cli.bench_burst import FinalCounter
+from tangram_cli.bench.burst import FinalCounter
 
 MARKER = "TANGRAM_CHAOS"
 EVIDENCE = ".chaos-evidence"
@@ -360,7 +360,7 @@ async def _serve(ns: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tangram_cli.bench_chaos_load", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m tangram_cli.bench.chaos_load", description=__doc__)
     ap.add_argument("--addr", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--run", required=True, help="the run id in every command's TANGRAM_CHAOS")

@@ -1,4 +1,4 @@
-"""The bench agent: many agent identities in one process (`python -m tangram_cli.bench_agents`).
+"""The bench agent: many agent identities in one process (`python -m tangram_cli.bench.agents`).
 
 One DEALER socket per identity, speaking the agent side of docs/contract.md, served by one
 blocking poll loop. Its executor does not run commands: mode `instant` answers every `Spawn`
@@ -29,7 +29,7 @@ import zmq
 
 from tangram import protocol as p
 from tangram.sockio import recv_frames, send_frames
-from tangram_cli.bench_procs import proc_cpu_s, stop_proc
+from tangram_cli.bench.procs import proc_cpu_s, stop_proc
 
 _RID = struct.Struct(">Q")
 
@@ -264,7 +264,7 @@ def start_bench_agents(
         argv = [
             sys.executable,
             "-m",
-            "tangram_cli.bench_agents",
+            "tangram_cli.bench.agents",
             "--controller",
             agents_addr,
             "--names",
@@ -300,7 +300,7 @@ def stop_bench_agents(agents: list[tuple[subprocess.Popen[bytes], str]]) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m tangram_cli.bench_agents",
+        prog="python -m tangram_cli.bench.agents",
         description="Bench agents: many identities, instant or modelled execution.",
     )
     ap.add_argument("--controller", required=True, help="the controller's agents address")

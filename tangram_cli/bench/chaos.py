@@ -3,7 +3,7 @@
 Layout (each its own process, all on 127.0.0.1): the controller (`tangram controller` on fixed
 ports with `--journal`, and `--state` when it has the option), one agent (`python -m agent`,
 process or Docker executor, two emulated GPUs), `--clients` load clients
-(`python -m tangram_cli.bench_chaos_load`, the real `tangram.AsyncClient`), and this process,
+(`python -m tangram_cli.bench.chaos_load`, the real `tangram.AsyncClient`), and this process,
 which injects the faults and watches (status socket, /proc, Docker).
 
 Fault kinds, one per trial, `--trials` trials per kind, one kind after another:
@@ -38,7 +38,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tangram_cli.bench_chaos_cluster import (
+from tangram_cli.bench.chaos_cluster import (
     NODE,
     ChaosCluster,
     LoadClient,
@@ -49,9 +49,9 @@ from tangram_cli.bench_chaos_cluster import (
     quit_clients,
     wait_until,
 )
-from tangram_cli.bench_dispatch import _docker_url
-from tangram_cli.bench_goals import styled, summary
-from tangram_cli.bench_procs import Procs, bench_workdir, logs_and_json, pct, wait_nodes
+from tangram_cli.bench.dispatch import _docker_url
+from tangram_cli.bench.goals import styled, summary
+from tangram_cli.bench.procs import Procs, bench_workdir, logs_and_json, pct, wait_nodes
 from tangram_cli.bootstrap.local import ensure_hostroot
 
 KINDS = ("agent", "controller", "client", "agent-restart")

@@ -3,7 +3,7 @@
 Layout (each its own process): the controller (`tangram controller`), the agent (the real
 `python -m agent --executor process`, or with `--instant` bench agents that answer every Spawn
 at once, so the run measures the controller alone), `--clients` client processes
-(`python -m tangram_cli.bench_burst`), and this process, which only starts them, samples the
+(`python -m tangram_cli.bench.burst`), and this process, which only starts them, samples the
 status socket every 0.5 s and the controller's memory, and adds up the clients' reports.
 
 Each client opens `--sandboxes` sandboxes, runs one warm-up exec in each, waits for the
@@ -35,9 +35,9 @@ from rich.table import Table
 import tangram
 from tangram import protocol
 from tangram.errors import TangramError
-from tangram_cli.bench_agents import start_bench_agents
-from tangram_cli.bench_goals import at_least, at_most, styled, summary
-from tangram_cli.bench_procs import (
+from tangram_cli.bench.agents import start_bench_agents
+from tangram_cli.bench.goals import at_least, at_most, styled, summary
+from tangram_cli.bench.procs import (
     ControllerProc,
     Procs,
     bench_workdir,
@@ -193,7 +193,7 @@ async def _client(addr: str, name: str, actions: int, sandboxes: int, exec_timeo
 
 
 def client_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tangram_cli.bench_burst", description="A burst client.")
+    ap = argparse.ArgumentParser(prog="python -m tangram_cli.bench.burst", description="A burst client.")
     ap.add_argument("--addr", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--actions", type=int, required=True)
@@ -216,7 +216,7 @@ def _spawn_clients(
         argv = [
             sys.executable,
             "-m",
-            "tangram_cli.bench_burst",
+            "tangram_cli.bench.burst",
             "--addr",
             addr,
             "--name",

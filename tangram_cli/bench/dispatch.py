@@ -51,8 +51,8 @@ from rich.table import Table
 
 import tangram
 from tangram_cli import keys as cluster_keys
-from tangram_cli.bench_goals import at_least, at_most, styled, summary
-from tangram_cli.bench_procs import ControllerProc, proc_cpu_s, start_real_agent, wait_nodes
+from tangram_cli.bench.goals import at_least, at_most, styled, summary
+from tangram_cli.bench.procs import ControllerProc, proc_cpu_s, start_real_agent, wait_nodes
 
 GOALS = {
     "process": {"throughput_actions_per_s": 1000, "ratio_to_raw_spawn": 1.3, "latency_p50_ms": 3.0},

@@ -409,8 +409,8 @@ class Procs:
 
     def close(self) -> dict[str, Any]:
         """Stop everything; the bench agents' summed stats ({} without bench agents)."""
-        # an import cycle: bench_agents imports this module
-        from tangram_cli.bench_agents import stop_bench_agents
+        # an import cycle: tangram_cli.bench.agents imports this module
+        from tangram_cli.bench.agents import stop_bench_agents
 
         if self.sampler is not None and self.sampler.is_alive():
             self.sampler.stop()

@@ -2,9 +2,9 @@
 
 Layout (each its own process): the controller (`tangram controller`); `--agent-procs` bench-agent
 processes holding `--agents` agent identities of `--cores` cores each (one DEALER per
-identity; tangram_cli/bench_agents.py), whose executor sleeps for each action's modelled
+identity; tangram_cli/bench/agents.py), whose executor sleeps for each action's modelled
 duration `T_ori / (E(dop) dop)`; `--client-procs` client processes (`python -m
-tangram_cli.bench_scale`) running the trajectories of the simulator's coding workload
+tangram_cli.bench.scale`) running the trajectories of the simulator's coding workload
 (`tangram.sim.workloads.generate(coding, batch, seed)`, the trace `tangram sim` uses with the
 same seed) through real `tangram.AsyncClient`s: per trajectory one sandbox, then per action
 its generation time (`think_s`), then `exec` of the action. Every duration and think time is
@@ -36,10 +36,10 @@ from rich.table import Table
 import tangram
 from tangram.errors import TangramError
 from tangram.sim.workloads import generate, load
-from tangram_cli.bench_agents import start_bench_agents
-from tangram_cli.bench_burst import FinalCounter
-from tangram_cli.bench_goals import at_most, styled, summary
-from tangram_cli.bench_procs import (
+from tangram_cli.bench.agents import start_bench_agents
+from tangram_cli.bench.burst import FinalCounter
+from tangram_cli.bench.goals import at_most, styled, summary
+from tangram_cli.bench.procs import (
     ControllerProc,
     Procs,
     bench_workdir,
@@ -152,7 +152,7 @@ async def _client(
 
 def client_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m tangram_cli.bench_scale", description="A scale-bench client."
+        prog="python -m tangram_cli.bench.scale", description="A scale-bench client."
     )
     ap.add_argument("--addr", required=True)
     ap.add_argument("--proc", type=int, required=True)
@@ -222,7 +222,7 @@ def _sum(reports: list[dict[str, Any]]) -> dict[str, Any]:
 def _spawn_clients(procs: Procs, n: int, args: list[str]) -> None:
     assert procs.ctl is not None
     for k in range(n):
-        argv = [sys.executable, "-m", "tangram_cli.bench_scale", "--addr", procs.ctl.submit_addr]
+        argv = [sys.executable, "-m", "tangram_cli.bench.scale", "--addr", procs.ctl.submit_addr]
         argv += ["--proc", str(k), "--procs", str(n), *args]
         with open(os.path.join(procs.workdir, f"client-{k}.log"), "ab") as log:
             procs.clients.append(

@@ -31,8 +31,8 @@ from typing import Any
 
 import click
 
-from tangram_cli.bench_goals import at_most, styled, summary
-from tangram_cli.bench_procs import ControllerProc, pct, start_real_agent, stop_proc, wait_nodes
+from tangram_cli.bench.goals import at_most, styled, summary
+from tangram_cli.bench.procs import ControllerProc, pct, start_real_agent, stop_proc, wait_nodes
 from tangram_cli.state import query_status
 
 NODE = "poolbench"

@@ -3,7 +3,7 @@
 - `ChaosCluster`: the controller (`tangram controller` on three fixed 127.0.0.1 ports, with
   `--journal` and, when the controller has the option, `--state`, so that a restart reuses
   them), one agent (`python -m agent --config agent.json`, same node name and work directory
-  after a restart), and the load clients (`python -m tangram_cli.bench_chaos_load`); kill -9
+  after a restart), and the load clients (`python -m tangram_cli.bench.chaos_load`); kill -9
   and restart for each; status queries that never raise.
 - `markers`: the processes of this run's actions (their environment holds
   `TANGRAM_CHAOS=RUN/CLIENT/TOKEN`), read from /proc: containers' processes included.
@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tangram_cli.bench_chaos_load import MARKER
-from tangram_cli.bench_procs import ControllerProc, Procs, _readline, stop_proc
+from tangram_cli.bench.chaos_load import MARKER
+from tangram_cli.bench.procs import ControllerProc, Procs, _readline, stop_proc
 from tangram_cli.state import query_status
 
 NODE = "chaos"
@@ -304,7 +304,7 @@ class ChaosCluster:
         assert ctl is not None
         wd = self.procs.workdir
         done = os.path.join(wd, f"done-{name}.tsv")
-        argv = [sys.executable, "-m", "tangram_cli.bench_chaos_load", "--addr", ctl.submit_addr]
+        argv = [sys.executable, "-m", "tangram_cli.bench.chaos_load", "--addr", ctl.submit_addr]
         argv += ["--name", name, "--run", self.run, "--lanes", str(self.opts["lanes"])]
         argv += ["--timeout", str(self.opts["action_timeout_s"]), "--done", done]
         with open(os.path.join(wd, f"client-{name}.log"), "ab") as log:

@@ -1,7 +1,7 @@
 """The built-in agentic-RL workload of `tangram demo` (docs/cli.md, `tangram demo`).
 
 A batch of trajectories starts at once, as a rollout step does. Each trajectory opens one sandbox,
-places the test-run script (``demo_testrun.py``) in it, then for every turn:
+places the test-run script (``testrun.py`` beside this module) in it, then for every turn:
 
     think (seeded sleep: the policy model generating)  ->  a short command (read the repo)
     -> every other turn, a web search under API ``search``'s lease  ->  an elastic test run
@@ -42,7 +42,7 @@ SEARCH_S = (0.05, 0.15)
 
 
 def testrun_source() -> bytes:
-    return (Path(__file__).with_name("demo_testrun.py")).read_bytes()
+    return (Path(__file__).with_name("testrun.py")).read_bytes()
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, Elasticity, Kind
 from tangram.core.resources import CPU, GPU, Demand
 from tangram.core.scheduler import CoreConfig, Scheduler
-from tangram_cli.bench_goals import scheduler_goals, summary, word
+from tangram_cli.bench.goals import scheduler_goals, summary, word
 
 
 def _spec(rng: Random, i: int, sandboxes: int) -> ActionSpec:
