@@ -6,7 +6,8 @@ processes on this machine (``setsid``, stdio to log files under ``clusters/local
 user can connect as an agent or a client; ``curve=False``, `tangram up --insecure`, runs plain TCP,
 which any local user can use: development only). The executor is ``docker`` when dockerd answers
 (then the ``tangram/hostroot:1`` image is imported if missing), else ``process``; without NVML GPUs the
-node gets emulated ones (8 x 80 GiB unless ``--gpus``/``--gpu-mem``).
+node gets emulated ones (8 x 80 GiB unless ``--gpus``/``--gpu-mem``). ``--sandbox-pool`` and ``--job``
+(local_flags.py) add warm sandbox pools (Docker only) and RL jobs to the controller's configuration.
 
 The controller is started from its resolved configuration (``controller.json``, built by
 ``controller_config`` from the inventory: tangram_cli/inventory/configs.py), reports its ports
@@ -33,6 +34,7 @@ from tangram_cli.errors import BootstrapError
 
 if TYPE_CHECKING:
     from agent.config import AgentConfig
+    from tangram_cli.bootstrap.local_flags import LocalExtras
     from tangram_cli.controller.config import ControllerConfig
     from tangram_cli.inventory import Inventory, Node
 
@@ -203,6 +205,7 @@ def up_local(
     on_event: Callable[[str], None] | None = None,
     cluster: str = st.DEFAULT_CLUSTER,
     curve: bool = True,
+    extras: LocalExtras | None = None,
 ) -> tuple[st.ClusterState, bool]:
     """`bring_up_local` for callers that want (state, started_now); what was restarted is told
     through ``on_event``."""
@@ -214,6 +217,7 @@ def up_local(
         on_event=on_event,
         cluster=cluster,
         curve=curve,
+        extras=extras,
     )
     if on_event and r.restarted is not None:
         on_event(r.restarted.summary())
@@ -229,12 +233,14 @@ def bring_up_local(
     on_event: Callable[[str], None] | None = None,
     cluster: str = st.DEFAULT_CLUSTER,
     curve: bool = True,
+    extras: LocalExtras | None = None,
 ) -> LocalUp:
     """Start, keep or restart the local cluster. A running cluster is kept (dead agents are started
     again); one whose controller died is restarted in place, on the recorded ports, keeping live
     agents; otherwise a fresh one starts. ``curve``: CURVE keys for a fresh cluster (the default;
-    False: plain TCP on 127.0.0.1, which every local user can reach). A kept or restarted cluster
-    keeps what it was started with (``security_line`` says which)."""
+    False: plain TCP on 127.0.0.1, which every local user can reach); ``extras``: its warm sandbox
+    pools and RL jobs (local_flags.py; None: neither). A kept or restarted cluster keeps what it was
+    started with (``security_line`` says which; its ``controller.json`` holds its pools and jobs)."""
     say = on_event or (lambda _m: None)
     with st.locked(cluster):
         old = st.load(cluster)
@@ -242,7 +248,7 @@ def bring_up_local(
             found = _existing(old, timeout_s, say)
             if found is not None:
                 return found
-        setup = _LocalSetup.choose(executor, gpus, gpu_mem_mib, say)
+        setup = _LocalSetup.choose(executor, gpus, gpu_mem_mib, say, extras)
         state = _start_fresh_controller(cluster, setup, curve, say)
         _start_first_agent(state, setup, timeout_s, say)
         return LocalUp(state, "started")
@@ -304,10 +310,16 @@ class _LocalSetup:
     gpu_mem_mib: int
     gpu_text: str
     config: ControllerConfig
+    pool_max: int = 0  # the agent's `pool_max` when --sandbox-pool asks for more than its default
 
     @classmethod
     def choose(
-        cls, executor: str, gpus: int | None, gpu_mem_mib: int | None, say: Callable[[str], None]
+        cls,
+        executor: str,
+        gpus: int | None,
+        gpu_mem_mib: int | None,
+        say: Callable[[str], None],
+        extras: LocalExtras | None = None,
     ) -> _LocalSetup:
         from tangram_cli.inventory.configs import controller_config  # start-up cost: see the top
 
@@ -315,6 +327,14 @@ class _LocalSetup:
         node = inv.nodes[0]
         chosen = choose_executor(executor if executor != "auto" else node.executor, say)
         say(f"executor: {chosen}")
+        pool = extras.sandbox_pool if extras is not None else 0
+        if pool and chosen == "process":
+            raise BootstrapError(
+                f"--sandbox-pool {pool}: the executor chosen here is process (dockerd does not answer or "
+                "cannot run sandboxes), and only the Docker executor keeps warm sandbox pools",
+                hint="start dockerd (docs/operations.md), then `tangram up --executor docker "
+                f"--sandbox-pool {pool}`; or drop --sandbox-pool",
+            )
         real_gpus = nvml_gpu_count()
         if gpus is not None:
             emulated = gpus
@@ -325,7 +345,12 @@ class _LocalSetup:
         gmem = gpu_mem_mib or node.gpu_mem_mib or DEFAULT_LOCAL_GPU_MEM_MIB
         gpu_text = f"{emulated} emulated x {gmem // 1024}GiB" if emulated else f"{real_gpus} (NVML)"
         say(f"gpus: {gpu_text}")
-        return cls(node, chosen, emulated, gmem, gpu_text, controller_config(inv, local_demo=True))
+        config = controller_config(inv, local_demo=True)
+        if extras is not None:
+            config = extras.apply(config)
+            for line in extras.describe():
+                say(line)
+        return cls(node, chosen, emulated, gmem, gpu_text, config, pool)
 
 
 def _start_fresh_controller(
@@ -388,6 +413,8 @@ def _start_first_agent(
     )
     if setup.executor == "process":
         acfg = _contain_or_trust(acfg, say)
+    if setup.pool_max > acfg.pool_max:  # the agent's own bound on idle pooled sandboxes (all shapes)
+        acfg = acfg.with_values(pool_max=setup.pool_max)
     (workdir / "agent.json").write_text(acfg.to_json())
     host = st.HostState(name=node.name, host="127.0.0.1", connection="local", workdir=str(workdir))
     proc = procs.start_local_agent(state.name, host)

@@ -1,7 +1,8 @@
 """`tangram up [INVENTORY]`: start a cluster and wait until every agent has registered.
 
 Without an inventory (no argument, no ``-i``, no ``TANGRAM_INVENTORY``) it starts the local
-default: controller plus one agent on this machine (bootstrap/local.py). With one it bootstraps
+default: controller plus one agent on this machine (bootstrap/local.py), with warm sandbox pools and
+RL jobs when ``--sandbox-pool``/``--job`` ask (bootstrap/local_flags.py). With one it bootstraps
 every host over SSH (bootstrap/remote.py). A controller that died is restarted in place, on its
 recorded ports (bootstrap/restart.py). A running local cluster is kept; flags that differ from
 what it was started with are an error (exit 1) naming each one, unless ``--replace`` asks for a
@@ -24,8 +25,9 @@ from click.core import ParameterSource
 from tangram.errors import ConfigError, TangramError
 from tangram_cli import keys
 from tangram_cli import state as st
-from tangram_cli.bootstrap import bundle, local, plan
+from tangram_cli.bootstrap import bundle, local, local_flags, plan
 from tangram_cli.bootstrap.local import security_line
+from tangram_cli.bootstrap.local_flags import LocalExtras
 from tangram_cli.commands.down import down_cluster
 from tangram_cli.inventory import load_inventory, parse_size_mib, preflight
 from tangram_cli.params import Duration, output_option, verbosity
@@ -45,8 +47,16 @@ def _gpu_mem(value: str | None) -> int | None:
         raise ConfigError(f"--gpu-mem: {exc}", hint="write e.g. --gpu-mem 16GiB") from None
 
 
-def print_ready(state: st.ClusterState, *, started: bool, how: str = "", summary: str | None = None) -> None:
-    """The closing lines of `up`. ``how``: "started", "running" or "restarted" (in place)."""
+def print_ready(
+    state: st.ClusterState,
+    *,
+    started: bool,
+    how: str = "",
+    summary: str | None = None,
+    more: tuple[str, ...] | list[str] = (),
+) -> None:
+    """The closing lines of `up`. ``how``: "started", "running" or "restarted" (in place); ``more``:
+    lines after the security line (the local default's pools and jobs)."""
     agents = len(state.hosts)
     how = how or ("started" if started else "running")
     verb = {"started": "is up", "restarted": "is up again", "running": "is already running"}.get(how, "is up")
@@ -62,6 +72,8 @@ def print_ready(state: st.ClusterState, *, started: bool, how: str = "", summary
     )
     if state.inventory == "<local default>":
         click.echo(security_line(state))
+    for line in more:
+        click.echo(line)
     if state.cluster_id:
         click.echo(f"cluster id: {state.cluster_id} (its sandbox containers: label tangram.cluster-id)")
     click.echo(f"logs: {st.logs_dir(state.name)}")
@@ -120,6 +132,24 @@ def print_ready(state: st.ClusterState, *, started: bool, how: str = "", summary
     help="Local default: CURVE keys (default; an inventory always uses them), or --insecure: plain TCP "
     "on 127.0.0.1 that any local user can connect to, as agent or client (development only).",
 )
+@click.option(
+    "--sandbox-pool",
+    "sandbox_pool",
+    type=int,
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="Local default: warm sandbox pools, up to N created idle sandboxes per node and sandbox shape, "
+    "sized from recent opens (the controller's `sandbox_pool` with max N); 0: off. Docker executor only.",
+)
+@click.option(
+    "--job",
+    "jobs",
+    multiple=True,
+    metavar="NAME=WEIGHT[,RES=CAP...]",
+    help="Local default: define an RL job with a weight (its fair share) and optional caps "
+    "(cores, gpus, api, api:NAME), e.g. --job train=3 --job eval=1,cores=8. Repeatable.",
+)
 @output_option("table", "json")
 @click.pass_context
 def command(
@@ -139,6 +169,8 @@ def command(
     gpus: int | None,
     gpu_mem: str | None,
     curve: bool,
+    sandbox_pool: int,
+    jobs: tuple[str, ...],
     output: str,
 ) -> None:
     """Start a cluster from INVENTORY over SSH, or the local default when none is given.
@@ -153,27 +185,40 @@ def command(
         raise click.UsageError("give the inventory once: as an argument or with -i")
     path = inventory or inventory_opt or os.environ.get("TANGRAM_INVENTORY") or None
     verbose, quiet = verbosity(ctx)
+    local_values = dict(executor=executor, gpus=gpus, gpu_mem=gpu_mem, curve=curve)
+    local_values.update(sandbox_pool=sandbox_pool, jobs=jobs)
     if path:
-        _refuse_local_flags(ctx, path, executor=executor, gpus=gpus, gpu_mem=gpu_mem, curve=curve)
+        _refuse_local_flags(ctx, path, **local_values)
         options = dict(limit=limit, parallel=parallel, timeout_s=timeout_s, allow_partial=allow_partial)
         options.update(force=force)
         view = {"output": output, "verbose": verbose, "quiet": quiet > 0}
         sys.exit(_up_inventory(path, dry_run, replace, foreground, options, view))
+    extras = _extras(executor, sandbox_pool, jobs)
+    local_values.update(sandbox_pool=extras.sandbox_pool, jobs=extras.jobs)
     if dry_run:
-        click.echo(
-            "local default: start `tangram controller` on 127.0.0.1 (free ports) and one agent "
-            "(`python -m agent`) on this machine; no SSH; "
-            + ("CURVE keys in the cluster's certs directory" if curve else "plain TCP (--insecure)")
-        )
+        _local_dry_run(curve, extras)
         return
-    wanted = _wanted(ctx, executor=executor, gpus=gpus, gpu_mem=gpu_mem, curve=curve)
+    wanted = _wanted(ctx, **local_values)
     if replace:
         _replace(st.DEFAULT_CLUSTER, quiet=quiet > 0)
     else:
         _check_running(st.DEFAULT_CLUSTER, wanted, quiet=quiet > 0 or output == "json")
-    name = _up_local(executor, gpus, gpu_mem, min(timeout_s, 120.0), curve, output=output, quiet=quiet > 0)
+    name = _up_local(
+        executor, gpus, gpu_mem, min(timeout_s, 120.0), curve, extras, output=output, quiet=quiet > 0
+    )
     if foreground:
         _stay(name)
+
+
+def _local_dry_run(curve: bool, extras: LocalExtras) -> None:
+    """`up --dry-run` without an inventory: what would start, with its pools and jobs."""
+    click.echo(
+        "local default: start `tangram controller` on 127.0.0.1 (free ports) and one agent "
+        "(`python -m agent`) on this machine; no SSH; "
+        + ("CURVE keys in the cluster's certs directory" if curve else "plain TCP (--insecure)")
+    )
+    for line in extras.describe():
+        click.echo(f"  {line}")
 
 
 def _up_inventory(
@@ -219,10 +264,24 @@ def _dry_run(path: str, limit: str | None, verbose: int) -> None:
 
 # Flags of the local default, and where an inventory says the same.
 LOCAL_ONLY = {
-    "executor": ("--executor", "`executor:`"),
-    "gpus": ("--gpus", "`gpus:` (with `emulated_gpus: true`)"),
-    "gpu_mem": ("--gpu-mem", "`gpu_mem:`"),
+    "executor": ("--executor", "`executor:` per group or host"),
+    "gpus": ("--gpus", "`gpus:` (with `emulated_gpus: true`) per group or host"),
+    "gpu_mem": ("--gpu-mem", "`gpu_mem:` per group or host"),
+    "sandbox_pool": ("--sandbox-pool", "`sandbox_pool: {max: N}`"),
+    "jobs": ("--job", "`jobs: {NAME: {weight: W, caps: {...}}}`"),
 }
+
+
+def _extras(executor: str, sandbox_pool: int, jobs: tuple[str, ...]) -> LocalExtras:
+    """``--sandbox-pool`` and ``--job``, checked (ConfigError, exit 2, naming the flag and the fix)."""
+    extras = LocalExtras(local_flags.check_pool(sandbox_pool), local_flags.parse_job_flags(jobs))
+    if extras.sandbox_pool and executor == "process":
+        raise ConfigError(
+            f"--sandbox-pool {sandbox_pool} with --executor process: the process executor keeps no warm "
+            "sandbox pools (only the Docker executor does)",
+            hint="use --executor docker (or auto, where dockerd runs), or drop --sandbox-pool",
+        )
+    return extras
 
 
 def _refuse_local_flags(ctx: click.Context, path: str, **values: object) -> None:
@@ -235,7 +294,7 @@ def _refuse_local_flags(ctx: click.Context, path: str, **values: object) -> None
                 problems.append("--insecure (an inventory cluster always uses CURVE)")
             continue
         flag, field = LOCAL_ONLY[key]
-        problems.append(f"{flag} (set {field} per group or host in the inventory)")
+        problems.append(f"{flag} (set {field} in the inventory)")
     if problems:
         raise click.UsageError(
             f"{'; '.join(problems)}: only for the local default (`tangram up` without an inventory), "
@@ -282,14 +341,20 @@ def differences(state: st.ClusterState, wanted: dict[str, object]) -> list[str]:
     curve = wanted.get("curve")
     if curve is not None and bool(curve) != bool(state.certs):
         out.append("--curve (running: --insecure, plain TCP)" if curve else "--insecure (running: CURVE)")
+    if "sandbox_pool" in wanted or "jobs" in wanted:  # what runs: its controller.json
+        out += local_flags.differences(local_flags.recorded(state.name) or LocalExtras(), wanted)
     return out
 
 
 def _running_line(state: st.ClusterState) -> str:
     security = "CURVE" if state.certs else "plain TCP (--insecure)"
+    extras = local_flags.recorded(state.name) or LocalExtras()
+    more = f", sandbox pools up to {extras.sandbox_pool}" if extras.sandbox_pool else ""
+    if extras.jobs:
+        more += f", jobs {' '.join(local_flags.job_word(j) for j in extras.jobs)}"
     return (
         f"cluster {state.name} already running since {since(state.started_at)}, with executor "
-        f"{state.executor or '?'}, gpus {state.gpus or 'none'}, {security}"
+        f"{state.executor or '?'}, gpus {state.gpus or 'none'}, {security}{more}"
     )
 
 
@@ -316,6 +381,8 @@ def _flag_words(wanted: dict[str, object]) -> str:
     for key, value in wanted.items():
         if key == "curve":
             words.append("--curve" if value else "--insecure")
+        elif key == "jobs":
+            words.append(local_flags.flag_words(value))  # type: ignore[arg-type]
         else:
             words.append(f"--{key.replace('_', '-')} {value}")
     return " ".join(words)
@@ -337,6 +404,7 @@ def _up_local(
     gpu_mem: str | None,
     timeout_s: float,
     curve: bool,
+    extras: LocalExtras,
     *,
     output: str,
     quiet: bool,
@@ -358,11 +426,14 @@ def _up_local(
         timeout_s=timeout_s,
         on_event=say,
         curve=curve,
+        extras=extras,
     )
+    running = local_flags.recorded(result.state.name) or LocalExtras()  # a kept cluster keeps its own
     if output == "json":
-        click.echo(json.dumps(result.to_dict(), sort_keys=True))
+        click.echo(json.dumps({**result.to_dict(), **running.to_dict()}, sort_keys=True))
     else:
-        print_ready(result.state, started=result.started, how=result.how, summary=result.summary())
+        more = running.describe()
+        print_ready(result.state, started=result.started, how=result.how, summary=result.summary(), more=more)
     return result.state.name
 
 
