@@ -33,6 +33,7 @@ from typing import Any
 
 import zmq
 
+from agent import staged
 from agent.executors.base import SandboxSpec, check_name
 from tangram import protocol as p
 from tangram.certs import KeyRefused
@@ -100,6 +101,7 @@ class _Running:
     outcome: asyncio.Future[Reply]
     inner: asyncio.Task[Any] | None = None  # invoke: the GPU call, cancelled by Kill
     killed: bool = False
+    stop: asyncio.Future[None] | None = None  # a staged spawn, until it starts: a Kill resolves it
 
 
 class Agent(GpuRequests, ReplySender, PoolRequests):
@@ -122,6 +124,7 @@ class Agent(GpuRequests, ReplySender, PoolRequests):
         self._welcomed = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._running: dict[str, _Running] = {}
+        self._flights = staged.Flights()  # Spawn requests in flight per action (staged starts wait on them)
         self._outbox = _Outbox(cfg.outbox_mib << 20)
         self._replies: list[list[bytes]] = []  # replies of this loop iteration, sent as one batch
         self._batches = False  # the controller's Welcome said minor >= BATCH_MINOR
@@ -361,6 +364,8 @@ class Agent(GpuRequests, ReplySender, PoolRequests):
             why = f"agent busy: {len(self._tasks)} requests in flight"
             self._reply(env.request_id, error_reply(RetryLater(why)))
             return
+        if type(env.msg) is p.Spawn:
+            self._flights.enter(env.msg.action)  # at once: a Spawn staged after it may be right behind
         task = asyncio.create_task(self._serve(env, handler))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -428,6 +433,13 @@ class Agent(GpuRequests, ReplySender, PoolRequests):
     # ------------------------------------------------------------ requests
 
     async def _serve(self, env: p.Envelope, handler: Handler) -> None:
+        try:
+            await self._serve_one(env, handler)
+        finally:
+            if type(env.msg) is p.Spawn:  # after its reply is queued
+                await staged.leave(self._flights, env.msg.action, env.msg.after)
+
+    async def _serve_one(self, env: p.Envelope, handler: Handler) -> None:
         rid = env.request_id
         try:
             msg, blobs = await handler(env.msg, env.blobs)
@@ -500,23 +512,36 @@ class Agent(GpuRequests, ReplySender, PoolRequests):
                          OUTPUT_CAP, blobs[0] if blobs else None)
         run = self._track(msg.action, msg.attempt, "spawn")
         try:
+            waited = 0.0
+            if msg.after:  # a staged start: on msg.after's cores, once it has ended here
+                run.stop = asyncio.get_running_loop().create_future()
+                go, waited = await staged.wait(self._flights, msg.after, run.stop, self._ending,
+                                               lambda: self._ending if self._welcomed else None)
+                run.stop = None
+                if not go:  # killed while staged, or its session is over: never started
+                    return self._settle(run, ExecOutcome(killed=True, waited_s=waited, **self._echo(
+                        msg.action, msg.attempt, msg.epoch, msg.agent_epoch)), b"", b"")
             res = await self.executor.run(req)
             outcome = ExecOutcome(exit_code=res.exit_code, truncated=res.truncated, timed_out=res.timed_out,
-                                  killed=res.killed, run_s=res.run_s, setup_s=res.setup_s,
+                                  killed=res.killed, run_s=res.run_s, setup_s=res.setup_s, waited_s=waited,
                                   cores=tuple(res.cores),
                                   **self._echo(msg.action, msg.attempt, msg.epoch, msg.agent_epoch))
-            reply: Reply = (p.Result(outcome.to_body()), [res.stdout, res.stderr])
             log.debug("action %s/%d ended: exit %d%s%s in %.3f s on cores %s", msg.action, msg.attempt,
                      res.exit_code, " (timed out)" if res.timed_out else "",
                      " (killed)" if res.killed else "",
                      res.run_s, list(res.cores))
-            run.outcome.set_result(reply)
-            return reply
+            return self._settle(run, outcome, res.stdout, res.stderr)
         except BaseException as exc:
             run.outcome.set_exception(exc if isinstance(exc, Exception) else NodeLost("agent stopping"))
             raise
         finally:
             self._running.pop(msg.action, None)
+
+    @staticmethod
+    def _settle(run: _Running, outcome: ExecOutcome, stdout: bytes, stderr: bytes) -> Reply:
+        reply: Reply = (p.Result(outcome.to_body()), [stdout, stderr])
+        run.outcome.set_result(reply)
+        return reply
 
     def _track(self, action: str, attempt: int, kind: str) -> _Running:
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -540,6 +565,10 @@ class Agent(GpuRequests, ReplySender, PoolRequests):
 
     async def _kill_running(self, run: _Running) -> None:
         run.killed = True
+        if run.stop is not None:  # staged, not started: it answers at once, unstarted
+            if not run.stop.done():
+                run.stop.set_result(None)
+            return
         if run.kind == "invoke":
             if run.inner is not None:
                 run.inner.cancel()

@@ -118,6 +118,7 @@ class ExecOutcome(_Attempt):
     timed_out: bool = False  # killed by the node for running past its timeout
     killed: bool = False  # killed on the controller's order (cancel, timeout, client gone)
     setup_s: float = 0.0  # cpuset and spawn before the process ran
+    waited_s: float = 0.0  # a staged start: on the agent, waiting for the action whose cores it takes
     cores: tuple[int, ...] = ()
     dop: int = 0  # added by the controller
 

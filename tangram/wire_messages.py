@@ -36,6 +36,7 @@ from tangram.wire_checks import (
 
 Id = Annotated[str, Str(64, ID_PATTERN, "id")]
 Name = Annotated[str, Str(64, ID_PATTERN, "name")]
+OptId = Annotated[str, Str(64, f"(?:{ID_PATTERN})?", "id")]  # an id, or "" for none
 Text = Annotated[str, Str(MAX_TEXT)]
 Image = Annotated[str, Str(255, r"(?:(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,254})?", "image")]
 Path = Annotated[str, Str(4096, r"(?!(?:.*/)?\.\.(?:/|$))[^\x00]{1,4096}", "path")]
@@ -372,6 +373,7 @@ class Spawn(Message):
     attempt: Positive = 1
     epoch: Count = 0
     agent_epoch: Count = 0
+    after: OptId = ""  # 1.6, a staged start: run once action `after` has ended here, on its cores
 
 
 @_register(0x46, "KILL")

@@ -26,7 +26,9 @@ class DestroySandbox:
 
 @dataclass(frozen=True)
 class Spawn:
-    """Run EXEC action ``action_id`` in ``sandbox`` on exactly ``cores`` with ``dop`` workers."""
+    """Run EXEC action ``action_id`` in ``sandbox`` on exactly ``cores`` with ``dop`` workers;
+    with ``after``, a staged start: run it the moment running action ``after`` has ended, on
+    ``after``'s cores (``staging.py``)."""
 
     action_id: str
     node: str
@@ -34,6 +36,7 @@ class Spawn:
     cores: tuple[int, ...]
     dop: int
     est_s: float = 0.0
+    after: str = ""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ class PassContext:
 
     __slots__ = (
         "_s", "chunk_operators", "config", "cpu", "gpu", "held", "jobs", "pending", "running", "sandboxes",
-        "warming",
+        "stages", "warming",
     )
 
     def __init__(self, sched: Scheduler) -> None:
@@ -46,6 +46,7 @@ class PassContext:
         self.running = sched.running  # read here; changed only by ``start`` (and the scheduler's endings)
         self.pending = sched.pending  # read here; changed only by ``dequeue``, ``reject`` and ``bind``
         self.jobs = sched.jobs  # the RL jobs' weights, caps and holdings (jobs.py); read here
+        self.stages = sched.stages  # staged starts (staging.py): changed by ``staging.stage`` in the CPU pass
         # node -> (its state when it held its whole CPU prefix, when to re-decide at the latest)
         self.held: dict[str, tuple[tuple[object, ...], float]] = {}
         self.chunk_operators: dict[tuple[int, tuple[tuple[int, int], ...]], ChunkOperator] = {}  # by free layout

@@ -14,6 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from tangram.core import commands as cmd
+from tangram.core import staging
 from tangram.core.actions import ActionSpec, Kind, duration
 from tangram.core.approx import greedy_eviction
 from tangram.core.dp import Curve, arrange_table, convex_curve
@@ -39,6 +40,7 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
     candidates. With several RL jobs each keeps its own queues, and the merge reads next
     from the job furthest below its weighted share (``jobs.py``; one job: plain FCFS)."""
     iters, heads = _open_queues(ctx)
+    jobs_waiting = len(heads)
     fair = Fair(ctx.jobs, CPU, sum(n.total for n in ctx.cpu.nodes.values()) if len(heads) > 1 else 0, heads)
     p = _Merge(ctx, fair)
     _merge(p, fair, iters, heads)
@@ -62,6 +64,10 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
         _bind_sandbox(ctx, spec_sb, node, out)
     for node in sorted(p.cands):
         _start_group(ctx, node, p.cands[node], units[node], out)
+    if p.blocked and staging.allowed(ctx, jobs_waiting, limited is not None):
+        for node in sorted(p.blocked):  # not behind a candidate held back on it (FCFS)
+            if all(units.get(node, ())):
+                staging.stage(ctx, ctx.stages, node, p.waiting(node), out)
 
 
 def _merge(p: _Merge, fair: Fair, iters: dict[Key, _Peek], heads: dict[str, list[tuple[int, Key]]]) -> None:
@@ -227,10 +233,12 @@ def _start_group(ctx: PassContext, node: str, group: list[Waiting], units: list[
 def _running_on(ctx: PassContext, node: str) -> list[tuple[float, int]]:
     """(expected time left, units) of the node's running execs. One past its estimate is
     expected to need its estimated duration again (memoryless), not to end this instant:
-    otherwise a plan that waits for its cores looks free."""
-    now = ctx.now
+    otherwise a plan that waits for its cores looks free. A run with staged followers
+    (``staging.py``) gives its units back only when they have ended too."""
+    now, stages = ctx.now, ctx.stages
     return [
-        (r.est_end - now if r.est_end > now else r.est_end - r.started, r.units)
+        ((r.est_end - now if r.est_end > now else r.est_end - r.started)
+         + (stages.chain_s(r.spec.action_id) if stages else 0.0), r.units)
         for r in ctx.running.on(node, Kind.EXEC).values()
         if r.units
     ]

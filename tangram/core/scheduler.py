@@ -31,7 +31,7 @@ import itertools
 from dataclasses import dataclass
 from random import Random
 
-from tangram.core import api_pass, cpu_pass, gpu_pass, jobs
+from tangram.core import api_pass, cpu_pass, gpu_pass, jobs, staging
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, DurationHistory, Kind, duration
@@ -54,8 +54,9 @@ from tangram.core.state import (
     Snapshot,
     Waiting,
     node_row,
+    queue_row,
 )
-from tangram.core.status import ADMITTED, Code, Shortfall, Status, never
+from tangram.core.status import ADMITTED, Shortfall, Status, never
 
 __all__ = [
     "FIXED", "MAX", "MIN", "TANGRAM", "CoreConfig", "QueueRow", "Running", "Sandbox", "Scheduler", "Snapshot",
@@ -77,6 +78,9 @@ class CoreConfig:
     behind_limit: int = 32
     cache_aware: bool = True  # False: GPU chunks chosen ignoring residency (the serverless baseline)
     prewake: bool = True  # restore GPU services ahead of waiting calls (prewake.py); False: the old results
+    stage: bool = False  # decide a blocked node's next execs before their cores free (staging.py)
+    stage_within_s: float = 0.05  # ... only behind runs expected to end within this (staging.py)
+    stage_depth: int = 2  # ... at most this many staged behind one running exec
 
 
 class Scheduler:
@@ -89,6 +93,7 @@ class Scheduler:
         self.history = DurationHistory(default_s=self.config.default_duration_s)
         self.pending = Pending()  # the queued actions: by pool, per lane in seq order, by sandbox and client
         self.running = RunningTable()
+        self.stages = staging.Stages()  # execs decided to start on a running one's cores when it ends
         self.jobs = jobs.JobBook()  # RL jobs: weights, caps, what each holds (fed by the running table)
         self.running.on_start = lambda r: self.jobs.on_start(r, self.now)
         self.running.on_end = lambda r: self.jobs.on_end(r, self.now)
@@ -156,6 +161,7 @@ class Scheduler:
         self._dirty.update(self.queues)
 
     def _on_node_lost(self, e: ev.NodeLost, out: list[cmd.Command]) -> None:
+        staging.lose_node(self.stages, e.node, e.reason, out, self._ctx.count)
         for aid, r in sorted(self.running.on(e.node).items(), key=lambda kv: kv[1].started):
             sandboxed = r.spec.kind in (Kind.EXEC, Kind.OPEN)
             code = "SANDBOX_LOST" if sandboxed else "NODE_LOST"
@@ -230,6 +236,8 @@ class Scheduler:
         for spec in sb.held:
             self._held.pop(spec.action_id, None)
             out.append(cmd.Reject(spec.action_id, "CANCELLED", f"sandbox {e.sandbox} closed"))
+        for s in self.stages.of_sandbox(e.sandbox):
+            self.stages.kill(s.w.spec.action_id, "sandbox closed", out)
         for aid, r in sorted(self.running.of_sandbox(e.sandbox).items(), key=lambda kv: kv[1].started):
             if r.spec.kind is Kind.OPEN:
                 self._finish(aid, ok=True, reason="closed", out=out)
@@ -247,7 +255,9 @@ class Scheduler:
     def _on_finished(self, e: ev.ActionFinished, out: list[cmd.Command]) -> None:
         r = self.running.get(e.action_id)
         if r is None:
-            return  # stale or duplicate: the first report won
+            if e.action_id in self.stages:  # dropped unstarted by the agent (killed while staged)
+                staging.end_unstarted(self.stages, e.action_id, e.ok, e.reason, out, self._ctx.count)
+            return  # or stale or duplicate: the first report won
         if e.ok and r.spec.kind in (Kind.EXEC, Kind.CALL) and not r.killed:
             run_s = max(0.0, self.now - r.started - r.load_s)
             el = r.spec.elasticity
@@ -269,6 +279,7 @@ class Scheduler:
                 return
         r = self.running.get(e.action_id)
         if r is None:
+            self.stages.kill(e.action_id, e.reason, out)
             return
         if r.spec.kind is Kind.LEASE:
             self._finish(e.action_id, ok=False, reason=e.reason, out=out)
@@ -359,7 +370,7 @@ class Scheduler:
         return None
 
     def _known(self, aid: str) -> bool:
-        return aid in self.running or aid in self.pending or aid in self._held
+        return aid in self.running or aid in self.pending or aid in self._held or aid in self.stages
 
     def _never(self, spec: ActionSpec) -> Status | None:
         """NO_CAPACITY status if no registered node could ever run ``spec``."""
@@ -463,8 +474,11 @@ class Scheduler:
         r = self.running.pop(aid)
         kind = r.spec.kind
         if kind in (Kind.EXEC, Kind.OPEN) and r.units and release:
+            follower = staging.promote(self.stages, r, self.now) if self.stages else None
             node = self.cpu.nodes.get(r.node)
-            if node is not None:
+            if follower is not None:  # a staged start: the cores pass to it
+                self._ctx.start(follower)
+            elif node is not None:
                 node.give(r.cores)
             self._dirty.add(CPU)
         elif kind is Kind.CALL:
@@ -498,6 +512,8 @@ class Scheduler:
         r = self.running.get(aid)
         if r is not None:
             return r.deadline == t and not r.killed
+        if (staged := self.stages.deadline_live(aid, t)) is not None:
+            return staged
         w = self.pending.get(aid)
         return w is not None and w.deadline == t
 
@@ -511,6 +527,8 @@ class Scheduler:
                 pool = self.pending.pool_of(aid)
                 if pool is not None:
                     self._drop(pool, aid, out, "TIMEOUT", "timed out while queued")
+                else:
+                    self.stages.kill(aid, "timeout", out)
             elif r.spec.kind is Kind.LEASE:
                 self._finish(aid, ok=False, reason="lease expired", out=out)
                 out.append(cmd.Reject(aid, "TIMEOUT", "lease not released before its deadline: reclaimed"))
@@ -523,7 +541,7 @@ class Scheduler:
         w = self.pending.get(aid)
         if w is not None:
             return w.status
-        return ADMITTED if aid in self.running else None
+        return ADMITTED if aid in self.running or aid in self.stages else None
 
     def snapshot(self, limit: int | None = None) -> Snapshot:
         """A read-only view for status and metrics. ``limit``: only the first ``limit`` waiting
@@ -547,25 +565,13 @@ class Scheduler:
         else:  # each pool is in submission order: merge their heads
             merged = heapq.merge(*(q.values() for q in pools.values()), key=lambda w: w.seq)
             rows = list(itertools.islice(merged, max(0, limit)))
-        queue = tuple(
-            QueueRow(w.spec.action_id, self._pool(w.spec), w.spec.kind.value, w.spec.client,
-                     self.now - w.submitted, _demand_text(w.spec), str(w.status) if w.status.code != Code.ADMITTED
-                     else "pending")
-            for w in rows
-        )
+        queue = tuple(queue_row(w, self._pool(w.spec), self.now) for w in rows)
         return Snapshot(self.now, tuple(nodes), services, apis, queue, queued, len(self.running),
-                        tuple(sorted(self.counters.items())), jobs.rows(self))
+                        tuple(sorted(self.counters.items())), jobs.rows(self), len(self.stages))
 
 
 def _api_pool(name: str) -> str:
     return "api:" + name
-
-
-def _demand_text(spec: ActionSpec) -> str:
-    parts = []
-    for res, d in spec.demand:
-        parts.append(f"{res}={d.min}" if not d.elastic else f"{res}={d.min}..{d.max}")
-    return ",".join(parts)
 
 
 _HANDLERS = {

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tangram.core.actions import ActionSpec, Kind
-from tangram.core.status import ADMITTED, Status
+from tangram.core.status import ADMITTED, Code, Status
 
 TANGRAM, MIN, MAX, FIXED = "tangram", "min", "max", "fixed"
 K = TypeVar("K")
@@ -158,6 +158,7 @@ class Snapshot:
     running: int
     counters: tuple[tuple[str, int], ...]
     jobs: tuple[dict[str, object], ...] = ()  # per RL job: weight, caps, held, shares (jobs.py)
+    staged: int = 0  # execs decided to start on a running one's cores when it ends (staging.py)
 
 
 
@@ -175,3 +176,11 @@ def node_row(name: str, c: Any, g: Any) -> dict[str, object]:
         "gpu_mem_used_mib": list(g.used_mem) if g else [],
         "resident": sorted(f"{s}@{a}+{z}" for s, a, z in g.resident) if g else [],
     }
+
+
+def queue_row(w: Waiting, pool: str, now: float) -> QueueRow:
+    """A waiting action's status row."""
+    spec = w.spec
+    demand = ",".join(f"{r}={d.min}" if not d.elastic else f"{r}={d.min}..{d.max}" for r, d in spec.demand)
+    status = str(w.status) if w.status.code != Code.ADMITTED else "pending"
+    return QueueRow(spec.action_id, pool, spec.kind.value, spec.client, now - w.submitted, demand, status)

@@ -21,6 +21,10 @@ PURE (a guard test checks it): no clock, no I/O, no global random.
 * ``no-prewake``: Tangram without GPU pre-wake (``CoreConfig(prewake=False)``): restores start
   only when a call is chosen to run. ``tangram+no-prewake`` reproduces the results from before
   pre-wake existed; printed beside ``tangram`` it shows what pre-wake changes.
+* ``staged``: Tangram with staged starts (``CoreConfig(stage=True)``, ``tangram/core/staging.py``),
+  as the live controller runs it: a blocked node's next fixed-size exec is decided before the
+  cores it takes are free and starts the moment they are. ``tangram+staged`` beside ``tangram``
+  shows what deciding early costs when a decision takes no time (as here): a mis-guessed end.
 * Combinations join with ``+``: ``api-retry+static`` is the paper's DeepSearch baseline.
 """
 
@@ -37,7 +41,8 @@ from tangram.core.resources import Demand
 from tangram.core.scheduler import FIXED, MAX, MIN, CoreConfig, Scheduler
 from tangram.errors import ConfigError
 
-NAMES = ("tangram", "k8s", "static", "serverless", "fixed-dop:K", "api-retry", "no-prewake", "min", "max")
+NAMES = ("tangram", "k8s", "static", "serverless", "fixed-dop:K", "api-retry", "no-prewake", "staged", "min",
+         "max")
 
 
 @dataclass(frozen=True)
@@ -83,11 +88,11 @@ def _int_arg(part: str, arg: str) -> int:
 
 def parse_policy(text: str) -> Policy:
     """``tangram``, ``tangram:3``, ``k8s``, ``k8s:4``, ``static``, ``serverless``,
-    ``fixed-dop:16``, ``api-retry``, ``no-prewake``, ``min``, ``max``, joined with ``+``."""
+    ``fixed-dop:16``, ``api-retry``, ``no-prewake``, ``staged``, ``min``, ``max``, joined with ``+``."""
     depth, policy, fixed = 2, "tangram", 0
     reserve: int | None = None
     static = serverless = direct = False
-    prewake = True
+    prewake, stage = True, False
     for part in text.strip().lower().split("+"):
         name, _, arg = part.partition(":")
         if name == "tangram":
@@ -102,6 +107,8 @@ def parse_policy(text: str) -> Policy:
             direct = True
         elif name == "no-prewake" and not arg:
             prewake = False
+        elif name == "staged" and not arg:
+            stage = True
         elif name == "fixed-dop":
             if not arg:
                 raise ConfigError("policy fixed-dop needs K", hint="e.g. fixed-dop:16")
@@ -113,7 +120,7 @@ def parse_policy(text: str) -> Policy:
                 f"unknown policy {part!r}", hint=f"use one of {', '.join(NAMES)}, joined with '+'"
             )
     core = CoreConfig(
-        depth=depth, policy=policy, fixed_dop=fixed, cache_aware=not serverless, prewake=prewake
+        depth=depth, policy=policy, fixed_dop=fixed, cache_aware=not serverless, prewake=prewake, stage=stage
     )
     return Policy(text.strip().lower(), core, reserve, static, serverless, direct)
 

@@ -29,6 +29,9 @@ whose §6 writes down these sources:
 * every ``Spawn`` pays a per-action control cost before it runs: the direct path's 3.7 ms
   (§6.2) in a Tangram sandbox, an exec through the container runtime (~68 ms, §6.2) in a
   Kubernetes pod (after its turn in the API queue above);
+* a staged ``Spawn`` (``after``: ``tangram/core/staging.py``) begins when the run it follows
+  ends, as the agent starts it; a follower of a run killed early still begins at that run's
+  planned end (kills are timeouts and cancels: rare in the workloads);
 * ``Kill`` finishes the action at once with ``ok=False``;
 * a ``Grant`` of an API with keys is a call with that key to a provider that enforces each
   key's limits (``KeyedProvider``): over a limit it answers HTTP 429 (the rollout code sees
@@ -209,18 +212,7 @@ class ClusterModel:
         for c in commands:
             t = type(c)
             if t is cmd.Spawn:
-                tr = self.truth(c.action_id)
-                wait = 0.0
-                if c.sandbox in self.pods:
-                    qps = self.spec.pod_exec_api_qps
-                    turn = self._api_request(now, 1.0 / qps) if qps > 0 else now
-                    wait = turn - now
-                    start = max(turn, self.ready.get(c.sandbox, now)) + self.spec.pod_exec_overhead_s
-                else:
-                    start = max(now, self.ready.get(c.sandbox, now)) + self.spec.exec_overhead_s
-                end = start + duration(tr.t_ori, tr.elasticity, c.dop)
-                self.runs[c.action_id] = Run(start, end, len(c.cores), "cpu", 0.0, now, wait)
-                out.append((end, ev.ActionFinished(c.action_id)))
+                out.append(self._spawn(c, now))  # type: ignore[arg-type]
             elif t is cmd.Invoke:
                 tr = self.truth(c.action_id)
                 size = c.end - c.start
@@ -255,13 +247,28 @@ class ClusterModel:
             elif t is cmd.Kill:
                 r = self.runs.get(c.action_id)
                 if r is not None:
-                    r.end = now
+                    r.start, r.end = min(r.start, now), now
                 out.append((now, ev.ActionFinished(c.action_id, ok=False, reason=c.reason or "killed")))
             elif t is cmd.DestroySandbox:
                 self.ready.pop(c.sandbox, None)
                 if self.pools is not None:
                     self.pools.destroyed(c.sandbox)
         return out
+
+    def _spawn(self, c: cmd.Spawn, now: float) -> tuple[float, ev.Event]:
+        tr = self.truth(c.action_id)
+        wait, before = 0.0, self.runs.get(c.after) if c.after else None
+        alloc = max(now, before.end) if before is not None else now  # staged: when that one ends
+        if c.sandbox in self.pods:
+            qps = self.spec.pod_exec_api_qps
+            turn = self._api_request(now, 1.0 / qps) if qps > 0 else now
+            wait = turn - now
+            start = max(turn, self.ready.get(c.sandbox, now)) + self.spec.pod_exec_overhead_s
+        else:
+            start = max(alloc, self.ready.get(c.sandbox, now)) + self.spec.exec_overhead_s
+        end = start + duration(tr.t_ori, tr.elasticity, c.dop)
+        self.runs[c.action_id] = Run(start, end, len(c.cores), "cpu", 0.0, alloc, wait)
+        return end, ev.ActionFinished(c.action_id)
 
     def pool_counters(self) -> dict[str, int]:
         """Opens served from a warm pool and cold ones (none without pools)."""

@@ -5,7 +5,8 @@ blocking poll loop. Its executor does not run commands: mode `instant` answers e
 with a `Result` at once (the reply is prebuilt; the Spawn body is not even decoded), so a run
 measures the controller alone; mode `model` sleeps for the action's modelled duration, read
 from the command `NAME T_ORI SERIAL` as `T_ORI / (E(dop) * dop)` with Amdahl's E (the
-simulator's model). Like the real agent, an identity that hears nothing from the controller for
+simulator's model); a staged `Spawn` (`after` set) starts when that action ends, and a `Kill`
+drops it unstarted, as the real agent does (agent/staged.py). Like the real agent, an identity that hears nothing from the controller for
 three heartbeat intervals says `Hello` again. On SIGTERM it writes its counters as JSON.
 """
 
@@ -75,6 +76,8 @@ class BenchAgent:
         self.timers: list[tuple[float, int, str]] = []
         self.running: dict[str, tuple[zmq.Socket[bytes], bytes, float]] = {}  # action -> (sock, rid, start)
         self.killed: set[str] = set()
+        # staged starts (agent/staged.py): what waits for an action's end -> (action, sock, rid, seconds)
+        self.behind: dict[str, tuple[str, zmq.Socket[bytes], bytes, float]] = {}
         self.outq: dict[zmq.Socket[bytes], list[list[bytes]]] = {}  # results of this wake-up, per socket
         self.stats = {
             "spawns": 0,
@@ -160,13 +163,16 @@ class BenchAgent:
             self.hb = msg.heartbeat_s
         elif isinstance(msg, p.Spawn):
             self.stats["spawns"] += 1
-            start = time.monotonic()
-            self.running[msg.action] = (sock, _RID.pack(rid), start)
-            self._seq += 1
-            heapq.heappush(self.timers, (start + model_seconds(msg.cmd, msg.dop), self._seq, msg.action))
+            run = (msg.action, sock, _RID.pack(rid), model_seconds(msg.cmd, msg.dop))
+            if msg.after and (msg.after in self.running or self._waiting(msg.after)):
+                self.behind[msg.after] = run  # a staged start: at that action's end, on its cores
+            else:
+                self._start(*run)
         elif isinstance(msg, p.Kill):
             self.stats["kills"] += 1
             self._send(sock, p.encode(p.Ack(), rid))
+            if self._drop_staged(msg.action):
+                return
             if msg.action in self.running:
                 self.killed.add(msg.action)
                 self._finish(msg.action)
@@ -186,10 +192,37 @@ class BenchAgent:
                 p.encode(p.Error("BAD_REQUEST", f"the bench agent does not serve {msg.NAME}", False), rid),
             )
 
+    def _start(self, action: str, sock: zmq.Socket[bytes], rid: bytes, seconds: float) -> None:
+        start = time.monotonic()
+        self.running[action] = (sock, rid, start)
+        self._seq += 1
+        heapq.heappush(self.timers, (start + seconds, self._seq, action))
+
+    def _waiting(self, action: str) -> bool:
+        return any(run[0] == action for run in self.behind.values())
+
+    def _drop_staged(self, action: str) -> bool:
+        """A Kill of a staged action: answered at once, unstarted; what waited behind it now
+        waits for what it waited for."""
+        for after, run in self.behind.items():
+            if run[0] == action:
+                del self.behind[after]
+                nxt = self.behind.pop(action, None)
+                if nxt is not None:
+                    self.behind[after] = nxt
+                self.running[action] = (run[1], run[2], time.monotonic())
+                self.killed.add(action)
+                self._finish(action)
+                return True
+        return False
+
     def _finish(self, action: str) -> None:
         entry = self.running.pop(action, None)
         if entry is None:
             return
+        nxt = self.behind.pop(action, None)
+        if nxt is not None:
+            self._start(*nxt)
         sock, rid, start = entry
         killed = action in self.killed
         self.killed.discard(action)

@@ -53,6 +53,7 @@ import tangram
 from tangram_cli import keys as cluster_keys
 from tangram_cli.bench.goals import at_least, at_most, styled, summary
 from tangram_cli.bench.procs import ControllerProc, proc_cpu_s, start_real_agent, wait_nodes
+from tangram_cli.state import query_status
 
 GOALS = {
     "process": {"throughput_actions_per_s": 1000, "ratio_to_raw_spawn": 1.3, "latency_p50_ms": 3.0},
@@ -203,20 +204,23 @@ class _Cluster:
             json.dump({"controller": agents_addr, "curve": curve}, fh)
         return path
 
-    async def start(self, executor: str, cpus: str, image: str | None, env: dict[str, str]) -> None:
+    async def start(self, executor: str, cpus: str, image: str | None, env: dict[str, str],
+                    staging: bool = True) -> None:
         self.cores = len(_cores(cpus))
         if self.layout == "inprocess":
             # start-up cost: the controller's modules load for the in-process layout only
             from tangram_cli.controller.config import ControllerConfig
             from tangram_cli.controller.daemon import Controller, Options
 
-            self.controller = Controller(ControllerConfig(cluster="bench"), Options(certs=self.certs))
+            config = ControllerConfig(cluster="bench", stage_starts=staging)
+            self.controller = Controller(config, Options(certs=self.certs))
             self.controller.start()
             await self.controller.check_security()
             agents_addr, self.submit_addr = self.controller.agents_addr, self.controller.submit_addr
         else:
             args = ("--certs", self.certs) if self.certs else ()
-            self.proc = await asyncio.to_thread(ControllerProc(self.workdir, args=args).start)
+            ctl = ControllerProc(self.workdir, config={"scheduler": {"stage_starts": staging}}, args=args)
+            self.proc = await asyncio.to_thread(ctl.start)
             agents_addr, self.submit_addr = self.proc.agents_addr, self.proc.submit_addr
         self.agent = start_real_agent(
             agents_addr, "bench", executor, cpus, self.workdir, image, env, self._agent_config(agents_addr)
@@ -231,6 +235,13 @@ class _Cluster:
             if self.agent.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the agent did not register (see its log in " + self.workdir + ")")
             await asyncio.sleep(0.05)
+
+    def core_counters(self) -> dict[str, int]:
+        """The scheduler's counters now (``started``, ``staged``, ...)."""
+        if self.proc is None:
+            return dict(self.controller.core.counters)
+        records = query_status(self.proc.status_addr, sections=("cluster",), timeout_s=10, certs=self.certs)
+        return dict((records.get("cluster") or {}).get("counters") or {})
 
     def cpu(self) -> dict[str, float | None]:
         """CPU seconds so far of the controller process (None in process), the agent and this process."""
@@ -300,15 +311,20 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
     tasks = [asyncio.ensure_future(worker(k, c, go)) for k, c in enumerate(per) if c]
     while len(ready) < len(tasks) and not any(t.done() for t in tasks):  # noqa: ASYNC110 - a failed worker ends it
         await asyncio.sleep(0.01)
+    counted0 = await asyncio.to_thread(cluster.core_counters)
     cpu0 = cluster.cpu()
     t0 = time.perf_counter()
     go.set()
     done = await asyncio.gather(*tasks)
     wall = time.perf_counter() - t0
     cpu1 = cluster.cpu()
+    counted1 = await asyncio.to_thread(cluster.core_counters)
+    started = counted1.get("started", 0) - counted0.get("started", 0)
     out = {
         "throughput_actions_per_s": sum(done) / wall if wall > 0 else float("nan"),
         "throughput_wall_s": wall,
+        # starts decided before their cores were free (tangram/core/staging.py), of all starts
+        "staged_share": (counted1.get("staged", 0) - counted0.get("staged", 0)) / started if started else 0.0,
         **_hold_figures(holds, cluster.cores),
     }
     for who, name in (("controller", "controller"), ("agent", "agent"), ("bench", "bench_process")):
@@ -325,7 +341,9 @@ def _hold_figures(holds: list[tuple[float, float]], cores: int) -> dict[str, Any
     action from the decision to the controller's handling of its end: the agent's run (spawn to
     exit, as the agent measures it) plus the controller's overhead (its submit-to-final time
     minus queueing and run: the trip to the agent and back, and the controller's own work). With
-    every action on one core, throughput cannot pass cores / mean hold."""
+    every action on one core, throughput cannot pass cores / mean hold — unless starts are
+    staged (tangram/core/staging.py): then the next action starts at this one's exit and the
+    controller's part leaves the hold (``staged_share`` says how many starts were)."""
     if not holds:
         return {}
     runs = [r for r, _ in holds]
@@ -348,6 +366,7 @@ async def _bench_one(
     env: dict[str, str],
     layout: str,
     curve: bool = False,
+    staging: bool = True,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "executor": executor,
@@ -355,6 +374,7 @@ async def _bench_one(
         "clients": clients,
         "layout": layout,
         "security": "curve" if curve else "plain",
+        "staged_starts": staging,
         "layout_detail": LAYOUTS[layout],
         "throughput_concurrency": clients,
         "goals": GOALS.get(executor, {}),
@@ -367,7 +387,7 @@ async def _bench_one(
     try:
         if curve:
             cluster.make_keys()
-        await cluster.start(executor, cpus, image, env)
+        await cluster.start(executor, cpus, image, env, staging)
         out.update(await _overhead(cluster.submit_addr, n, cluster.certs))
         out.update(await _throughput(cluster, n, clients))
         raw = out.get("raw_spawn_actions_per_s")
@@ -402,6 +422,7 @@ _FIGURES = (
     ("core hold p50: run + controller", ("hold_run_p50_ms", "hold_controller_p50_ms"), "{:.2f}", " ms", None,
      ""),
     ("cores / mean hold", ("hold_bound_actions_per_s",), "{:.0f}", " /s", None, ""),
+    ("starts staged", ("staged_share",), "{:.0%}", "", None, ""),
     ("CPU / action: controller", ("controller_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
     ("CPU / action: agent", ("agent_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
     ("CPU / action: bench process", ("bench_process_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
@@ -496,6 +517,13 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     help="CURVE on every socket (keys in the run's temporary directory), as `tangram up` runs; "
     "default: plain TCP on 127.0.0.1.",
 )
+@click.option(
+    "--no-staging",
+    "no_staging",
+    is_flag=True,
+    help="Decide each start only once its cores are free (scheduler.stage_starts: false), to see what "
+    "staged starts change; default: as `tangram up` runs (staged).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def dispatch(
     n: int,
@@ -505,6 +533,7 @@ def dispatch(
     image: str | None,
     layout: str,
     curve: bool,
+    no_staging: bool,
     as_json: bool,
 ) -> None:
     """Per-action overhead (p50/p99) and control-plane throughput, per executor, next to raw spawns."""
@@ -535,6 +564,7 @@ def dispatch(
                     docker_env if ex == "docker" else {},
                     layout,
                     curve,
+                    not no_staging,
                 )
             )
         return rows

@@ -175,7 +175,7 @@ def _old_workload_flag(ctx: click.Context, _param: click.Parameter, value: str |
     "-p",
     "policies",
     multiple=True,
-    help="tangram[:DEPTH], k8s[:CORES], static, serverless, fixed-dop:K, api-retry; join with '+'. "
+    help="tangram[:DEPTH], k8s[:CORES], static, serverless, fixed-dop:K, api-retry, no-prewake, staged, min, max; join with '+'. "
     "Repeatable [default: tangram and the workload's paper baseline].",
 )
 @click.option(

@@ -17,6 +17,9 @@ Rules (docs/protocol.md, "Controller <-> agent contract" and "Controller behavio
    before it on its GPUs (a restore on GPUs 4-7 does not hold up a call on GPUs 0-1).
 5. An agent's result becomes `ActionFinished` for the core; the client reply is sent when the
    core answers with `Done` (so cores are free again before the client hears back).
+6. A staged `Spawn` (`after` set: tangram/core/staging.py) goes to the agent at once; the agent
+   starts it when `after` ends there. An agent older than protocol 1.6 cannot: its staged Spawns
+   wait here for `after`'s result (`agent_cpu.py`).
 """
 
 from __future__ import annotations
@@ -34,11 +37,11 @@ from tangram import protocol
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.errors import NodeLost, ProtocolError, SandboxLost
-from tangram.outcomes import ExecOutcome
+from tangram_cli.controller.agent_cpu import CpuCommands
 from tangram_cli.controller.agent_gpu import GpuCommands
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.facts import Agent, Reply, node_event
-from tangram_cli.controller.state import ActionRecord, Outcome, Registry, cancel_tasks, encode_to
+from tangram_cli.controller.state import ActionRecord, Registry, cancel_tasks, encode_to
 from tangram_cli.controller.wire import Batcher, send_now, serve, shadow
 
 log = logging.getLogger("tangram.controller.agents")
@@ -46,7 +49,7 @@ log = logging.getLogger("tangram.controller.agents")
 Post = Callable[..., None]
 
 
-class AgentLink(GpuCommands):
+class AgentLink(CpuCommands, GpuCommands):
     def __init__(
         self,
         sock: zmq.asyncio.Socket,
@@ -89,6 +92,7 @@ class AgentLink(GpuCommands):
         # node: every action its Hello listed is now stopped (recovery answers what ran there)
         self.on_cleared: Callable[[str], None] | None = None
         self.pipelined: set[str] = set()  # sandboxes whose first Spawn may follow their CreateSandbox
+        self.deferred: dict[str, tuple[cmd.Spawn, ActionRecord]] = {}  # staged Spawns held (agent_cpu.py)
 
     # ------------------------------------------------------------ plumbing
     def _next_rid(self) -> int:
@@ -303,6 +307,7 @@ class AgentLink(GpuCommands):
             last_sent=self.clock.now(),
             restarts=old.restarts if old is not None else 0,
             batches=hello.minor >= protocol.BATCH_MINOR,
+            staged=hello.minor >= protocol.STAGED_MINOR,
         )
         if old is not None and old.ident != ident:
             self.by_ident.pop(old.ident, None)
@@ -452,77 +457,9 @@ class AgentLink(GpuCommands):
         rec = self.registry.actions.get(c.action_id)
         if rec is not None and rec.kind == "call":
             return  # calls end by their own timeout on the agent; nothing to kill
+        if self.kill_deferred(c.action_id):
+            return
         self.send_request(c.node, protocol.Kill(c.action_id, 0, self.epoch), (), _ignore)
-
-    def spawn(self, c: cmd.Spawn, rec: ActionRecord) -> None:
-        """Send `Spawn` now when the sandbox exists (the hot path: no task, no future), or when its
-        `CreateSandbox` went to an agent that runs a Spawn only after the CreateSandbox before it
-        (its facts say `spawn_after_create`; no puts waited for the sandbox): it saves a round trip
-        on every open. Otherwise wait for the creation first."""
-        sb = self.registry.sandboxes.get(c.sandbox)
-        ready = sb.ready if sb is not None else None
-        if ready is not None and not (ready.done() and not ready.cancelled() and ready.exception() is None):
-            if c.sandbox not in self.pipelined:
-                self._spawn_task(self._spawn_when_ready(c, rec, ready))
-                return
-        self._send_spawn(c, rec)
-
-    async def _spawn_when_ready(self, c: cmd.Spawn, rec: ActionRecord, ready: asyncio.Future[None]) -> None:
-        try:
-            await asyncio.shield(ready)
-        except NodeLost:
-            return  # the core already failed the action (NodeLost event)
-        except SandboxLost as exc:
-            rec.outcome = Outcome(error=protocol.Error.from_exception(exc))
-            self.post(ev.ActionFinished(c.action_id, ok=False, reason="sandbox lost"))
-            return
-        self._send_spawn(c, rec)
-
-    def _send_spawn(self, c: cmd.Spawn, rec: ActionRecord) -> None:
-        if rec.kill_reason:  # killed before it was sent: nothing ran
-            rec.outcome = Outcome(result=ExecOutcome(killed=True))
-            self.post(ev.ActionFinished(c.action_id, ok=False, reason=rec.kill_reason))
-            return
-        agent = self.agents.get(c.node)
-        sb = self.registry.sandboxes.get(c.sandbox)
-        msg = protocol.Spawn(
-            c.action_id,
-            c.sandbox,
-            rec.cmd,
-            list(c.cores),
-            c.dop,
-            rec.env,
-            rec.run_budget(self.clock.now()),
-            1,
-            self.epoch,
-            agent.agent_epoch if agent else 0,
-        )
-        if sb is not None:
-            sb.busy += 1
-
-        def on_reply(reply: protocol.Envelope | BaseException) -> None:
-            if sb is not None:
-                sb.busy -= 1
-            self._spawn_ended(c.action_id, rec, reply)
-
-        self.send_request(c.node, msg, [rec.stdin] if rec.stdin is not None else [], on_reply)
-
-    def _spawn_ended(
-        self, action_id: str, rec: ActionRecord, reply: protocol.Envelope | BaseException
-    ) -> None:
-        if isinstance(reply, NodeLost):
-            return  # the core already failed the action (NodeLost event)
-        if isinstance(reply, BaseException):
-            rec.outcome = Outcome(error=protocol.Error.from_exception(reply))
-            self.post(ev.ActionFinished(action_id, ok=False, reason=type(reply).__name__))
-            return
-        out = rec.outcome = Outcome.of_reply(ExecOutcome, reply)
-        if out.error is not None:
-            self.post(ev.ActionFinished(action_id, ok=False, reason=out.error.code))
-            return
-        res: ExecOutcome = out.result  # type: ignore[assignment]
-        ok = not (res.killed or res.timed_out)
-        self.post(ev.ActionFinished(action_id, ok=ok, reason=f"exit {res.exit_code}"))
 
     # ------------------------------------------------------------ files
     async def file_request(

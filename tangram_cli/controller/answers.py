@@ -142,7 +142,8 @@ class Answers:
     ) -> None:
         """The client's final Result: the agent's outcome plus what only the controller knows."""
         started = rec.started or rec.submitted
-        queued = max(0.0, started - rec.submitted)
+        # a staged start (tangram/core/staging.py) waited on the agent for its cores: queueing too
+        queued = max(0.0, started - rec.submitted) + (res.waited_s if isinstance(res, ExecOutcome) else 0.0)
         total = self.clock.now() - rec.submitted
         timing = {
             "queued_s": round(queued, 6),

@@ -5,7 +5,7 @@ The file is what `tangram up` writes after resolving an inventory; every key is 
     {"cluster": "local", "cluster_id": "3f9c0e1a2b4d",
      "scheduler": {"depth": 2, "client_grace_s": 60, "max_timeout_s": 3600,
                    "max_outstanding_per_client": 4096, "max_queued": 100000, "max_outbox": 1024,
-                   "max_client_bytes": 268435456, "max_held_bytes": 2147483648},
+                   "max_client_bytes": 268435456, "max_held_bytes": 2147483648, "stage_starts": true},
      "services": [{"name": "reward", "runtime": "emulated", "model": "agent.gpu.demo_services:reward",
                    "gpu_mem_mib": 16384, "chunk_sizes": [1, 2], "load_s": 2.0, "t_ori": 0.2,
                    "host_mem_mib": 16384}],
@@ -106,6 +106,9 @@ class ControllerConfig:
     # a request that brings bytes gets OVER_CAP; past the global one RETRY_LATER.
     max_client_bytes: int = 256 << 20
     max_held_bytes: int = 2 << 30
+    # Staged starts (tangram/core/staging.py): a blocked node's next short exec is sent before its
+    # cores are free and started by the agent when they are; false: every start waits for the end.
+    stage_starts: bool = True
     services: tuple[ServiceConf, ...] = ()
     apis: tuple[ApiConf, ...] = ()
     profiles: dict[str, Elasticity] = field(default_factory=lambda: dict(BUILTIN_PROFILES))
@@ -160,6 +163,7 @@ _SCHEDULER_KEYS = (
     "max_outbox",
     "max_client_bytes",
     "max_held_bytes",
+    "stage_starts",
 )
 
 
@@ -213,6 +217,12 @@ def _num(value: object, where: str, lo: float = 0.0) -> float:
     ):
         raise ConfigError(f"{where}: expected a number >= {lo}, got {value!r}")
     return float(value)
+
+
+def _flag(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
 
 
 def _int(value: object, where: str, lo: int = 0) -> int:
@@ -333,6 +343,7 @@ def parse_config(raw: dict[str, Any]) -> ControllerConfig:
         max_outbox=_int(sched.get("max_outbox", 1024), "scheduler.max_outbox", 1),
         max_client_bytes=_int(sched.get("max_client_bytes", 1 << 28), "scheduler.max_client_bytes", 1 << 20),
         max_held_bytes=_int(sched.get("max_held_bytes", 1 << 31), "scheduler.max_held_bytes", 1 << 20),
+        stage_starts=_flag(sched.get("stage_starts", True), "scheduler.stage_starts"),
         services=tuple(services),
         apis=tuple(apis),
         profiles=profiles,

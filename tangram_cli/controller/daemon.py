@@ -95,7 +95,8 @@ class Controller:
         self.epoch = new_epoch()
         self.clock = WallClock()
         self.registry = Registry(self.clock)  # the controller's one clock, shared by every part
-        self.core = Scheduler(CoreConfig(depth=self.config.depth), seed=self.options.seed)
+        self.core = Scheduler(CoreConfig(depth=self.config.depth, stage=self.config.stage_starts),
+                              seed=self.options.seed)
         self.started = self.clock.now()
         self.journal = open_journal(self.options.journal, self.config.cluster, self.epoch)
         self.driver = Driver(self.core, self.clock, self.journal, self.dispatch)

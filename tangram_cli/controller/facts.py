@@ -31,6 +31,7 @@ class Agent:
     gpu_tails: dict[int, asyncio.Future[None]] = field(default_factory=dict)  # GPU -> its last Load/Evict
     restarts: int = 0
     batches: bool = False  # its Hello said minor >= BATCH_MINOR: what one decision sends it goes in one
+    staged: bool = False  # its Hello said minor >= STAGED_MINOR: it starts a Spawn(after=A) when A ends
 
     @property
     def live(self) -> bool:

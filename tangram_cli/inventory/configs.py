@@ -86,6 +86,7 @@ def controller_config(inv: Inventory, *, local_demo: bool = False) -> Controller
         cluster=inv.cluster,
         depth=inv.scheduler.depth,
         client_grace_s=inv.scheduler.client_grace_ms / 1000,
+        stage_starts=inv.scheduler.stage_starts,
         services=tuple(services.values()),
         apis=tuple(apis),
         profiles={**own, **{k: v for k, v in BUILTIN_PROFILES.items() if k not in own}},

@@ -173,7 +173,7 @@ def _resolve(
         version=top.version,
         cluster=top.cluster,
         controller=m.Controller(ctl.bind, ctl.advertise or ctl.bind, m.Ports(**ctl.ports.model_dump())),
-        scheduler=m.Scheduler(sched.depth, sched.client_grace, sched.default_profile),
+        scheduler=m.Scheduler(sched.depth, sched.client_grace, sched.default_profile, sched.stage_starts),
         nodes=tuple(n for _, n in pairs),
         apis=tuple(m.Api(k, a.mode, a.limit, a.period, a.key_env) for k, a in apis.items() if a),
         profiles=tuple(m.Profile(k, p.efficiency, p.serial_fraction) for k, p in profiles.items() if p),

@@ -281,6 +281,7 @@ class SchedulerSpec(Spec):
     depth: int = 2
     client_grace: DurationMs = 60_000
     default_profile: str | None = None
+    stage_starts: bool = True  # staged starts (tangram/core/staging.py); false: each start waits for its cores
 
     @field_validator("depth")
     @classmethod
@@ -433,6 +434,7 @@ class Scheduler:
     depth: int
     client_grace_ms: int
     default_profile: str | None
+    stage_starts: bool = True
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,9 @@ class FakeAgent:
     prepared: list[str] = field(default_factory=list)
     sandboxes_at_hello: list[str] = field(default_factory=list)
     mute: bool = False  # stop heartbeats and replies (a hung agent)
-    minor: int = p.PROTOCOL_MINOR  # what its Hello says: below BATCH_MINOR it is sent no batches
+    # what its Hello says: below BATCH_MINOR it is sent no batches; below STAGED_MINOR (as here) the
+    # controller holds a staged Spawn until the result of the action it follows (agent_cpu.py)
+    minor: int = p.STAGED_MINOR - 1
     batches_in: int = 0  # BATCH messages received
     welcomed: asyncio.Event = field(default_factory=asyncio.Event)
     curve: Any = None  # tangram.certs.CurveKeys: connect as a CURVE client (tests/security)

@@ -32,6 +32,7 @@ FULL = {
         "max_outbox": 32,
         "max_client_bytes": 1 << 21,
         "max_held_bytes": 1 << 22,
+        "stage_starts": False,
     },
     "services": [
         {"name": "rm", "runtime": "torch", "model": "/m/rm", "gpu_mem_mib": 2048, "chunk_sizes": [1, 2],
@@ -79,6 +80,15 @@ def test_every_setting_survives_the_file() -> None:
     assert again == config
     assert again.to_dict() == config.to_dict()
     assert config.to_dict()["apis"][1]["keys"][0] == {"name": "k0", "key_env": "K0", "rpm": 5}
+
+
+def test_stage_starts_goes_from_the_inventory_to_the_controller_and_bad_values_are_named() -> None:
+    text = (ROOT / "inventory" / "local.yaml").read_text()
+    assert controller_config(load_inventory(text)).stage_starts is True  # the default: staged
+    off = load_inventory(text.replace("  depth: 2", "  depth: 2\n  stage_starts: false", 1))
+    assert off.scheduler.stage_starts is False and controller_config(off).stage_starts is False
+    with pytest.raises(ConfigError, match="scheduler.stage_starts: expected true or false"):
+        parse_config({"scheduler": {"stage_starts": "no"}})
 
 
 def test_only_the_configs_own_profiles_are_written() -> None:

@@ -76,7 +76,8 @@ SAMPLES: dict[type[p.Message], tuple[p.Message, tuple[bytes, ...]]] = {
     p.Cpuset: (p.Cpuset("sb-1", [0, 1, 2, 3]), ()),
     p.Spawn: (
         p.Spawn(
-            "act-1", "sb-1", "make test", [4, 5], 2, {"HOME": "/tmp"}, 60.0, attempt=3, epoch=9, agent_epoch=4
+            "act-1", "sb-1", "make test", [4, 5], 2, {"HOME": "/tmp"}, 60.0, attempt=3, epoch=9, agent_epoch=4,
+            after="act-0",
         ),
         (b"stdin",),
     ),
