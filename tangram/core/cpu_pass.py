@@ -55,6 +55,11 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
         for node in sorted(p.cands):
             units[node] = [fair.clamp(w, u, w.spec.key_demand) if u else 0
                            for w, u in zip(p.cands[node], units[node], strict=True)]
+    # what staging may start is read now too, while the queues are intact (a lane read after a
+    # start or a binding is not): the blocked nodes whose head could be staged
+    staged_queues = {node: p.waiting(node) for node in sorted(p.blocked)
+                     if all(units.get(node, ())) and staging.worth(ctx, node, p.behind[node][0])
+                     } if p.blocked and staging.allowed(ctx, jobs_waiting, limited is not None) else {}
     ctx.examined(CPU, sum(it.read for it in iters.values()))  # a cost meter
     for w, node, total in p.doomed:
         st = never(Shortfall(CPU, w.spec.key_demand.min, total, total, node),
@@ -64,10 +69,8 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
         _bind_sandbox(ctx, spec_sb, node, out)
     for node in sorted(p.cands):
         _start_group(ctx, node, p.cands[node], units[node], out)
-    if p.blocked and staging.allowed(ctx, jobs_waiting, limited is not None):
-        for node in sorted(p.blocked):  # not behind a candidate held back on it (FCFS)
-            if all(units.get(node, ())):
-                staging.stage(ctx, ctx.stages, node, p.waiting(node), out)
+    for node, queue in staged_queues.items():  # not behind a candidate held back on it (FCFS)
+        staging.stage(ctx, ctx.stages, node, queue, out)
 
 
 def _merge(p: _Merge, fair: Fair, iters: dict[Key, _Peek], heads: dict[str, list[tuple[int, Key]]]) -> None:

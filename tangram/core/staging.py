@@ -199,6 +199,14 @@ def stage(ctx: PassContext, stages: Stages, node: str, queue: list[Waiting], out
         out.append(cmd.Spawn(w.spec.action_id, node, w.spec.sandbox, cores, w.need, est, after=tail))
 
 
+def worth(ctx: PassContext, node: str, head: Waiting) -> bool:
+    """Whether reading ``node``'s blocked queue for staging is worth it: its head could be staged
+    (fixed-size exec; its sandbox may still be bound in this pass) and an exec runs on the node."""
+    if head.spec.kind is not Kind.EXEC or (head.spec.key_demand.elastic and ctx.config.policy != MIN):
+        return False
+    return bool(ctx.running.on(node, Kind.EXEC))
+
+
 def _stageable(ctx: PassContext, w: Waiting, node: str) -> bool:
     if w.spec.kind is not Kind.EXEC:
         return False

@@ -255,3 +255,29 @@ def _random_run(rng: random.Random) -> None:
     assert not any(waiting.values()) and len(s.stages) == 0 and not s.running and not s.queues.get("cpu")
     assert done == {f"x{i}" for i in range(60)}  # each answered (Done, or Reject when cancelled queued)
     assert s.cpu.nodes["n1"].free == 4
+
+
+def test_random_bursts_over_many_sandboxes_keep_the_queues_whole():
+    """The queue behind a blocked head is read lazily from the per-sandbox lanes; staging must read
+    it before the pass starts or binds anything (a lane read after a removal yields an action twice
+    or skips one). Found by `tangram bench burst` (10 clients x 4 sandboxes, thousands queued);
+    random batches of submissions and ends, decided per event or per batch."""
+    for seed in range(200):
+        rng = random.Random(seed)
+        sandboxes = rng.choice([3, 6, 12])
+        s = make(cores=rng.choice([2, 3, 4]), stage=True, stage_within_s=rng.choice([0.01, 0.05, 1.0]),
+                 stage_depth=rng.choice([1, 2]))
+        for i in range(sandboxes):
+            open_sb(s, f"sb{i}")
+        t = 0.0
+        for k in range(60):
+            spec = exec_spec(f"x{k}", f"sb{rng.randrange(sandboxes)}", 1, t_ori=rng.choice([0.002, 0.02, 0.5]))
+            s.handle(ev.ActionSubmitted(spec), t, decide=rng.random() < 0.5)
+            t += rng.random() * 0.01
+            if rng.random() < 0.4 and s.running:
+                s.handle(ev.ActionFinished(rng.choice(sorted(s.running))), t)
+        s.decide(t)
+        while s.running:
+            t += 0.01
+            s.handle(ev.ActionFinished(rng.choice(sorted(s.running))), t)
+        assert s.counters["finished"] == 60 and not s.queues.get("cpu") and len(s.stages) == 0, seed
