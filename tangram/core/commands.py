@@ -5,6 +5,8 @@ Per node, commands must be applied in the order returned (``CreateSandbox`` befo
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tangram.core.status import Shortfall
@@ -125,3 +127,28 @@ class Done:
 Command = CreateSandbox | DestroySandbox | Spawn | Load | Evict | Invoke | Grant | Reserve | Kill | Reject | Done
 
 START_COMMANDS = (Spawn, Invoke, Grant, Reserve)
+
+
+class DecisionFailed(Exception):
+    """A step of the core raised. ``commands`` are the ones it emitted before: the state changes
+    behind them are made, so the driver must still carry them out (an action the pass started
+    and never sent would hold its cores forever). Every pool is decided again at the next call;
+    the error is the ``__cause__``."""
+
+    def __init__(self, commands: list[Command]) -> None:
+        super().__init__(f"the core failed after {len(commands)} commands")
+        self.commands = commands
+
+    @staticmethod
+    @contextmanager
+    def keeping(out: list[Command], dirty: set[str], pools: Mapping[str, object]) -> Iterator[None]:
+        """Turn an error inside into ``DecisionFailed(out)`` (``out`` first when nested), and mark
+        every pool for the next pass."""
+        try:
+            yield
+        except DecisionFailed as exc:  # from a nested step: what was emitted out here comes first
+            exc.commands[:0] = out
+            raise
+        except Exception as exc:
+            dirty.update(pools)
+            raise DecisionFailed(out) from exc

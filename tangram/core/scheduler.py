@@ -27,11 +27,10 @@ costs time in proportion to the queues (``docs/scheduler.md``, "Speed").
 from __future__ import annotations
 
 import heapq
-import itertools
 from dataclasses import dataclass
 from random import Random
 
-from tangram.core import api_pass, cpu_pass, gpu_pass, jobs, staging
+from tangram.core import api_pass, cpu_pass, gpu_pass, jobs, staging, views
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, DurationHistory, Kind, duration
@@ -53,8 +52,6 @@ from tangram.core.state import (
     Sandbox,
     Snapshot,
     Waiting,
-    node_row,
-    queue_row,
 )
 from tangram.core.status import ADMITTED, Shortfall, Status, never
 
@@ -121,23 +118,30 @@ class Scheduler:
     def handle(self, event: ev.Event, now: float, decide: bool = True) -> list[cmd.Command]:
         """Apply ``event`` at time ``now`` and return the commands to carry out, in order.
         ``decide=False``: apply it only and leave the passes to a later call, so a batch of
-        events is decided once, whole (``docs/scheduler.md``, "Batches")."""
+        events is decided once, whole (``docs/scheduler.md``, "Batches"). Raises
+        ``cmd.DecisionFailed`` (with the commands emitted before the error) if a step raises."""
         self.now = max(self.now, now)
         out: list[cmd.Command] = []
         handler = _HANDLERS.get(type(event))
         if handler is None:
             raise TypeError(f"not an event: {event!r}")
-        handler(self, event, out)
-        return out + self.decide(now) if decide else out
+        with cmd.DecisionFailed.keeping(out, self._dirty, self.queues):
+            handler(self, event, out)
+        if not decide:
+            return out
+        with cmd.DecisionFailed.keeping(out, self._dirty, self.queues):
+            out.extend(self.decide(now))
+        return out
 
     def decide(self, now: float) -> list[cmd.Command]:
         """What ``handle(..., decide=False)`` left: expiries and the passes, at ``now``."""
         self.now = max(self.now, now)
         out: list[cmd.Command] = []
-        self._expire(out)
-        if self._ctx.end_warms():  # GPU chunks restored ahead of their calls (prewake.py)
-            self._dirty.add(GPU)
-        self._schedule(out)
+        with cmd.DecisionFailed.keeping(out, self._dirty, self.queues):
+            self._expire(out)
+            if self._ctx.end_warms():  # GPU chunks restored ahead of their calls (prewake.py)
+                self._dirty.add(GPU)
+            self._schedule(out)
         return out
 
     def next_deadline(self) -> float | None:
@@ -544,30 +548,8 @@ class Scheduler:
         return ADMITTED if aid in self.running or aid in self.stages else None
 
     def snapshot(self, limit: int | None = None) -> Snapshot:
-        """A read-only view for status and metrics. ``limit``: only the first ``limit`` waiting
-        actions in FCFS order get a queue row (``queued`` still counts them all), so a status
-        query costs O(limit), not O(queue), during a burst."""
-        nodes = [node_row(name, self.cpu.nodes.get(name), self.gpu.nodes.get(name))
-                 for name in sorted(set(self.cpu.nodes) | set(self.gpu.nodes))]
-        services = tuple(
-            {"service": s.name, "gpu_mem_mib": s.gpu_mem_mib, "chunk_sizes": list(s.chunk_sizes), "load_s": s.load_s}
-            for s in sorted(self.gpu.services.values(), key=lambda s: s.name)
-        )
-        apis = tuple(
-            {"api": a.name, "mode": a.mode, "limit": a.limit, "in_flight": len(a.in_flight), "used": a.used,
-             "queued": len(self.queues.get(_api_pool(a.name), {})), "keys": a.keys.rows(self.now)}
-            for a in sorted(self.basic.apis.values(), key=lambda a: a.name)
-        )
-        pools = self.queues
-        queued = sum(len(q) for q in pools.values())
-        if limit is None:
-            rows = sorted((w for q in pools.values() for w in q.values()), key=lambda w: w.seq)
-        else:  # each pool is in submission order: merge their heads
-            merged = heapq.merge(*(q.values() for q in pools.values()), key=lambda w: w.seq)
-            rows = list(itertools.islice(merged, max(0, limit)))
-        queue = tuple(queue_row(w, self._pool(w.spec), self.now) for w in rows)
-        return Snapshot(self.now, tuple(nodes), services, apis, queue, queued, len(self.running),
-                        tuple(sorted(self.counters.items())), jobs.rows(self), len(self.stages))
+        """A read-only view for status and metrics (``views.snapshot``)."""
+        return views.snapshot(self, limit)
 
 
 def _api_pool(name: str) -> str:

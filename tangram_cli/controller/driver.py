@@ -220,15 +220,16 @@ class Driver:
             started = time.perf_counter()
             try:
                 commands = self.core.handle(event, now, decide=False)
-            except Exception:
-                log.exception("core.handle failed for %r", event)
-                commands = []
+            except Exception as exc:  # what it emitted before the error is still carried out
+                log.error("core.handle failed for %r", event, exc_info=exc.__cause__ or exc)
+                commands = list(getattr(exc, "commands", ()))
                 failed.append(after)
             if i == last:
                 try:
                     commands.extend(self.core.decide(now))
-                except Exception:
-                    log.exception("the core's decision failed after %r", event)
+                except Exception as exc:  # DecisionFailed: the starts made before the error go out
+                    log.error("the core's decision failed after %r", event, exc_info=exc.__cause__ or exc)
+                    commands.extend(getattr(exc, "commands", ()))
             self._record(started, event, commands)
             try:
                 self.journal.append(now, event, commands)

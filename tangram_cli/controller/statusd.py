@@ -182,6 +182,7 @@ def build_records(
             "sandboxes": sum(1 for s in sandboxes if not s.closed),
             "queue": snap.queued,
             "running": snap.running,
+            "staged": snap.staged,  # decided on a running exec's cores, to start at its end (staging.py)
             "wait_p50_s": wait_p50,
             "loop_lag_s": loop_lag_s,
             "events": events,
