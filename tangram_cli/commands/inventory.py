@@ -139,7 +139,12 @@ def _table(inv: Any) -> None:
     console = Console(no_color=bool(os.environ.get("NO_COLOR")), width=width)
     console.print(head, highlight=False)
     console.print(table)
-    extra = [f"api {a.name} {a.mode} {a.limit}" for a in inv.apis] + [
+    extra = [
+        f"api {a.name}"
+        + (f" {a.mode} {a.limit}" if a.limit else "")
+        + (f" keys {','.join(k.name for k in a.keys)}" if a.keys else "")
+        for a in inv.apis
+    ] + [
         f"profile {p.name}" for p in inv.profiles
     ]
     if extra:

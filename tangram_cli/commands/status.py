@@ -91,7 +91,7 @@ def _fetch(state: st.ClusterState, limit: int) -> dict:
 @click.option("-R", "--unhealthy", is_flag=True, help="Only nodes that are not healthy.")
 @click.option("--nodes", "only", flag_value="nodes", help="Only the NODES table.")
 @click.option("--services", "only", flag_value="services", help="Only the SERVICES table.")
-@click.option("--apis", "only", flag_value="apis", help="Only the APIS table.")
+@click.option("--apis", "only", flag_value="apis", help="Only the APIS table (and KEYS: API key pools).")
 @click.option("--jobs", "only", flag_value="jobs", help="Only the JOBS table (RL jobs, their shares).")
 @click.option("--queue", "only", flag_value="queue", help="Only the QUEUE table.")
 @click.option(

@@ -21,8 +21,8 @@ from typing import Any
 
 from agent.config import AgentConfig
 from tangram.core.actions import Elasticity
-from tangram_cli.controller.config import BUILTIN_PROFILES, ApiConf, ControllerConfig, ServiceConf
-from tangram_cli.inventory.model import Inventory, Node, Service
+from tangram_cli.controller.config import BUILTIN_PROFILES, ApiConf, ApiKeyConf, ControllerConfig, ServiceConf
+from tangram_cli.inventory.model import Api, Inventory, Node, Service
 
 REWARD_MODEL = "agent.gpu.demo_services:reward"
 ECHO_MODEL = "agent.gpu.demo_services:echo"
@@ -63,6 +63,13 @@ def _service(s: Service, *, local_demo: bool) -> ServiceConf:
     )
 
 
+def _api(a: Api) -> ApiConf:
+    """An API's limits and its key pool: each key's name, the variable that holds its secret on the
+    controller's host, and its limits (the secret itself is read by the controller, never here)."""
+    keys = tuple(ApiKeyConf(k.name, k.key_env, k.rpm, k.tpm, k.concurrency) for k in a.keys)
+    return ApiConf(a.name, a.mode, a.limit, (a.period_ms or 60_000) / 1000, keys)
+
+
 def controller_config(inv: Inventory, *, local_demo: bool = False) -> ControllerConfig:
     """The controller's configuration from an inventory: its services (the first node that names one
     defines it), APIs, profiles and scheduler settings. ``local_demo`` (the local default) adds the
@@ -71,7 +78,7 @@ def controller_config(inv: Inventory, *, local_demo: bool = False) -> Controller
     for node in inv.nodes:
         for s in node.services:
             services.setdefault(s.name, _service(s, local_demo=local_demo))
-    apis = [ApiConf(a.name, a.mode, a.limit, (a.period_ms or 60_000) / 1000) for a in inv.apis]
+    apis = [_api(a) for a in inv.apis]
     if local_demo:
         services.setdefault(DEMO_REWARD.name, DEMO_REWARD)
         if not any(a.name == DEMO_SEARCH.name for a in apis):

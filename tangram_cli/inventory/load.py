@@ -175,13 +175,23 @@ def _resolve(
         controller=m.Controller(ctl.bind, ctl.advertise or ctl.bind, m.Ports(**ctl.ports.model_dump())),
         scheduler=m.Scheduler(sched.depth, sched.client_grace, sched.default_profile, sched.stage_starts),
         nodes=tuple(n for _, n in pairs),
-        apis=tuple(m.Api(k, a.mode, a.limit, a.period, a.key_env) for k, a in apis.items() if a),
+        apis=tuple(_api(k, a) for k, a in apis.items() if a),
         profiles=tuple(m.Profile(k, p.efficiency, p.serial_fraction) for k, p in profiles.items() if p),
         source=source,
         groups={g: tuple(n.name for e, n in pairs if e.group == g) for g in groups_raw},
         jobs=jobs,
         sandbox_pool=pool,
     )
+
+
+def _api(name: str, a: m.ApiSpec) -> m.Api:
+    """A checked ``apis.NAME``; with keys only: no API-wide limit (mode concurrency, limit 0), and
+    each unnamed key is ``k<position>``, as the controller's config names it."""
+    keys = tuple(
+        m.ApiKey(k.name or f"k{i}", k.key_env, k.rpm, k.tpm, k.concurrency)
+        for i, k in enumerate(a.keys or ())
+    )
+    return m.Api(name, a.mode or "concurrency", a.limit or 0, a.period, a.key_env, keys)
 
 
 def _jobs(raw: Any, problems: list[Problem]) -> tuple[Any, ...]:

@@ -59,6 +59,8 @@ __all__ = [
     "MAX_CPU_ID",
     "SECRET_WORDS",
     "Api",
+    "ApiKey",
+    "ApiKeySpec",
     "ApiSpec",
     "Connection",
     "Controller",
@@ -281,7 +283,7 @@ class SchedulerSpec(Spec):
     depth: int = 2
     client_grace: DurationMs = 60_000
     default_profile: str | None = None
-    stage_starts: bool = True  # staged starts (tangram/core/staging.py); false: each start waits for its cores
+    stage_starts: bool = True  # staged starts (tangram/core/staging.py); false: starts wait for free cores
 
     @field_validator("depth")
     @classmethod
@@ -291,34 +293,86 @@ class SchedulerSpec(Spec):
         return v
 
 
+def _check_env(v: str | None) -> str | None:
+    if v is not None and not _ENV.match(v):
+        raise ValueError(
+            "key_env must name an environment variable (like SEARCH_API_KEY) that holds the secret on"
+            " the controller's host, not the secret itself"
+        )
+    return v
+
+
+KeyEnv = Annotated[str, AfterValidator(_check_env)]
+KEY_LIMIT = 1_000_000_000  # the most requests or tokens per minute, or leases in flight, of one key
+
+
+class ApiKeySpec(Spec):
+    """One key of an API's pool: the variable holding its secret and its limits (0: none).
+    A field that looks like a secret (``key``, ``secret``, ``api_key``, ...) is an unknown key
+    whose message says where the secret goes (problems.py)."""
+
+    name: Annotated[str, AfterValidator(lambda v: check_id(v, "key name"))] | None = None
+    key_env: KeyEnv
+    rpm: int = 0
+    tpm: int = 0
+    concurrency: int = 0
+
+    @field_validator("rpm", "tpm", "concurrency")
+    @classmethod
+    def _limits(cls, v: int) -> int:
+        if not 0 <= v <= KEY_LIMIT:
+            raise ValueError(f"must be between 0 (no limit) and {KEY_LIMIT}, got {v}")
+        return v
+
+
 class ApiSpec(Spec):
-    mode: Literal["concurrency", "quota"]
-    limit: int
+    """An API: an API-wide limit (``mode``/``limit``/``period``), a key pool (``keys``), or both.
+    Without ``keys`` the limit is required; with them it is optional (absent: none)."""
+
+    mode: Literal["concurrency", "quota"] | None = None
+    limit: int | None = None
     period: DurationMs | None = None
-    key_env: str | None = None
+    key_env: KeyEnv | None = None
+    keys: list[ApiKeySpec] | None = None
 
     @field_validator("limit")
     @classmethod
-    def _limit(cls, v: int) -> int:
-        if not 1 <= v <= 1_000_000:
+    def _limit(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= 1_000_000:
             raise ValueError(f"limit must be between 1 and 1000000, got {v}")
-        return v
-
-    @field_validator("key_env")
-    @classmethod
-    def _key_env(cls, v: str | None) -> str | None:
-        if v is not None and not _ENV.match(v):
-            raise ValueError(
-                "key_env must name an environment variable (like SEARCH_API_KEY), not hold the secret"
-            )
         return v
 
     @model_validator(mode="after")
     def _period(self) -> ApiSpec:
+        if self.keys is None and (self.mode is None or self.limit is None):
+            raise ValueError("give 'mode' and 'limit' (the API's limit), or 'keys' (a key pool), or both")
+        if self.mode is not None and self.limit is None:
+            raise ValueError(f"mode {self.mode!r} needs 'limit'")
         if self.mode == "quota" and self.period is None:
             raise ValueError("mode 'quota' needs 'period' (e.g. '60s')")
-        if self.mode == "concurrency" and self.period is not None:
+        if self.mode != "quota" and self.period is not None:
             raise ValueError("'period' applies to mode 'quota' only")
+        return self
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, v: list[ApiKeySpec] | None) -> list[ApiKeySpec] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("empty: list at least one key, or leave 'keys' out")
+        names = [k.name or f"k{i}" for i, k in enumerate(v)]
+        for what, values in (("name", names), ("key_env", [k.key_env for k in v])):
+            twice = sorted({x for x in values if values.count(x) > 1})
+            if twice:
+                why = "unnamed keys are k0, k1, ..." if what == "name" else "one variable per key"
+                raise ValueError(f"{what} {twice[0]!r} is given to two keys ({why})")
+        return v
+
+    @model_validator(mode="after")
+    def _one_or_a_pool(self) -> ApiSpec:
+        if self.keys is not None and self.key_env is not None:
+            raise ValueError("give 'key_env' (one key) or 'keys' (a key pool), not both")
         return self
 
 
@@ -438,12 +492,25 @@ class Scheduler:
 
 
 @dataclass(frozen=True)
+class ApiKey:
+    """One key of an API's pool: names only, never a secret (the secret is in ``$key_env`` on the
+    controller's host)."""
+
+    name: str
+    key_env: str
+    rpm: int = 0
+    tpm: int = 0
+    concurrency: int = 0
+
+
+@dataclass(frozen=True)
 class Api:
     name: str
     mode: str
-    limit: int
+    limit: int  # 0: no API-wide limit (an API with keys only)
     period_ms: int | None
     key_env: str | None
+    keys: tuple[ApiKey, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def _message(err: Mapping[str, Any], cls: type[BaseModel]) -> str:
         if _looks_secret(key):
             return (
                 "inline secrets are not allowed; put the secret in an environment variable "
-                "on the controller and name it with key_env"
+                "on the controller's host and name that variable with key_env"
             )
         return "unknown key" + did_you_mean(key, _fields_at(cls, loc[:-1]))
     if kind == "missing":

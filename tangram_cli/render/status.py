@@ -1,5 +1,6 @@
-"""`tangram status` rendering: header, NODES / SERVICES / APIS / JOBS / QUEUE tables (docs/cli.md,
-`tangram status`). JOBS appears once a client names an RL job or the config defines one.
+"""`tangram status` rendering: header, NODES / SERVICES / APIS / KEYS / JOBS / QUEUE tables (docs/cli.md,
+`tangram status`). KEYS appears when an API has a key pool (with the APIS table: `--apis`); JOBS
+once a client names an RL job or the config defines one.
 
 QUEUE lists running actions first (``R``/``CG``, at most ``RUNNING_SHOWN`` unless wide) and then the
 waiting ones (``PD``), as squeue does, with a line on how many more there are.
@@ -229,10 +230,41 @@ API_COLS: list[Col] = [
 ]
 
 
+def _of(used: Any, limit: Any) -> str:
+    """``120/500`` against a limit; just ``120`` where the limit is 0 (none)."""
+    return _frac(used, limit) if _num(limit) else _listish(used)
+
+
+# One row per key of an API's pool (``apis[].keys``: names and counts, never a secret): leases held,
+# requests and tokens in the key's sliding minute against its limits, cool-down left after a 429.
+KEY_COLS: list[Col] = [
+    ("API", lambda r: str(first(r, "api", default="?"))),
+    ("KEY", lambda r: str(first(r, "key", "name", default="?"))),
+    ("INFLIGHT", lambda r: _of(first(r, "in_flight"), first(r, "concurrency"))),
+    ("REQ/MIN", lambda r: _of(first(r, "rpm_used"), first(r, "rpm"))),
+    ("TOKENS/MIN", lambda r: _of(first(r, "tpm_used"), first(r, "tpm"))),
+    ("COOLDOWN", lambda r: seconds(c) if (c := _num(first(r, "cooling_s"))) else "-"),
+    ("GRANTED", lambda r: _listish(first(r, "granted"))),
+    ("429S", lambda r: _listish(first(r, "limited"))),
+]
+
+
+def key_rows(records: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The KEYS rows: each key of every API with a key pool, its API's name beside its own fields."""
+    return [
+        {**k, "api": first(a, "api", "name", default="?")}
+        for a in rows(records, "apis")
+        for k in (a.get("keys") if isinstance(a.get("keys"), list) else ())
+        if isinstance(k, dict)
+    ]
+
+
 def _api_use(r: Mapping[str, Any]) -> str:
-    """``3/16 concurrent`` (leases held now, concurrency mode) or ``120/3000 per 60s`` (leases granted
-    in the current period, quota mode)."""
+    """``3/16 concurrent`` (leases held now, concurrency mode), ``120/3000 per 60s`` (leases granted
+    in the current period, quota mode) or ``3 in flight (per-key limits)`` (a key pool alone)."""
     mode, limit = first(r, "mode"), first(r, "limit")
+    if limit == 0 and r.get("keys"):  # a key pool without an API-wide limit: the KEYS table has them
+        return f"{_listish(first(r, 'in_flight', 'inflight'))} in flight (per-key limits)"
     if mode == "quota":
         period = _num(first(r, "period_s"))
         return f"{_listish(first(r, 'used'))}/{_listish(limit)} per {period_text(period) if period else '?'}"
@@ -493,6 +525,9 @@ def tables(
         rs_ = rows(records, name)
         if rs_:
             out.append((name.upper(), [c[0] for c in cols], [[fn(r) for _, fn in cols] for r in rs_]))
+    keys = key_rows(records) if "apis" in want else []
+    if keys:
+        out.append(("KEYS", [c[0] for c in KEY_COLS], [[fn(r) for _, fn in KEY_COLS] for r in keys]))
     jobs = rows(records, "jobs")
     if "jobs" in want and any(first(r, "job") for r in jobs):  # only with a job beside the default one
         out.append(("JOBS", [c[0] for c in JOB_COLS], [[fn(r) for _, fn in JOB_COLS] for r in jobs]))

@@ -11,7 +11,13 @@ import pytest
 
 from agent.config import AgentConfig
 from tangram.errors import ConfigError
-from tangram_cli.controller.config import BUILTIN_PROFILES, ControllerConfig, parse_config
+from tangram_cli.controller.config import (
+    BUILTIN_PROFILES,
+    ApiConf,
+    ApiKeyConf,
+    ControllerConfig,
+    parse_config,
+)
 from tangram_cli.inventory import load_inventory, local_default
 from tangram_cli.inventory.configs import DEMO_REWARD, agent_config, controller_config
 
@@ -89,6 +95,30 @@ def test_stage_starts_goes_from_the_inventory_to_the_controller_and_bad_values_a
     assert off.scheduler.stage_starts is False and controller_config(off).stage_starts is False
     with pytest.raises(ConfigError, match="scheduler.stage_starts: expected true or false"):
         parse_config({"scheduler": {"stage_starts": "no"}})
+
+
+def test_an_inventorys_key_pool_reaches_the_controller_and_reads_back() -> None:
+    """example.yaml's ``llm`` pool (two keys, no API-wide limit) beside APIs without keys; a pool under
+    an API-wide quota; unnamed keys are k0, k1, ... as the controller's config names them."""
+    config = controller_config(load_inventory(ROOT / "inventory" / "example.yaml"))
+    apis = {a.name: a for a in config.apis}
+    assert apis["llm"] == ApiConf("llm", "concurrency", 0, 60.0, (
+        ApiKeyConf("k0", "LLM_KEY_0", rpm=500, tpm=400_000, concurrency=64),
+        ApiKeyConf("k1", "LLM_KEY_1", rpm=300, tpm=200_000),
+    ))
+    assert apis["search"].keys == () and apis["search"].limit == 64
+    written = json.loads(json.dumps(config.to_dict()))
+    assert parse_config(written) == config
+    assert [k["key_env"] for k in written["apis"][2]["keys"]] == ["LLM_KEY_0", "LLM_KEY_1"]
+    text = (ROOT / "inventory" / "local.yaml").read_text().replace(
+        "  search: {mode: concurrency, limit: 16}",
+        "  search: {mode: quota, limit: 100, period: 30s, keys: [{key_env: S0, tpm: 9000}, {key_env: S1}]}",
+    )
+    pooled = controller_config(load_inventory(text))
+    (search,) = pooled.apis
+    keys = (ApiKeyConf("k0", "S0", tpm=9000), ApiKeyConf("k1", "S1"))
+    assert search == ApiConf("search", "quota", 100, 30.0, keys)
+    assert parse_config(json.loads(json.dumps(pooled.to_dict()))) == pooled
 
 
 def test_only_the_configs_own_profiles_are_written() -> None:
