@@ -65,8 +65,11 @@ def _service(s: Service, *, local_demo: bool) -> ServiceConf:
 
 def _api(a: Api) -> ApiConf:
     """An API's limits and its key pool: each key's name, the variable that holds its secret on the
-    controller's host, and its limits (the secret itself is read by the controller, never here)."""
+    controller's host, and its limits (the secret itself is read by the controller, never here).
+    A single ``key_env`` is a pool of one key, ``k0``, with no limits of its own."""
     keys = tuple(ApiKeyConf(k.name, k.key_env, k.rpm, k.tpm, k.concurrency) for k in a.keys)
+    if not keys and a.key_env:  # one key: a pool of one, `k0`, limited by the API's own limit only
+        keys = (ApiKeyConf("k0", a.key_env, 0, 0, 0),)
     return ApiConf(a.name, a.mode, a.limit, (a.period_ms or 60_000) / 1000, keys)
 
 

@@ -106,7 +106,8 @@ def test_an_inventorys_key_pool_reaches_the_controller_and_reads_back() -> None:
         ApiKeyConf("k0", "LLM_KEY_0", rpm=500, tpm=400_000, concurrency=64),
         ApiKeyConf("k1", "LLM_KEY_1", rpm=300, tpm=200_000),
     ))
-    assert apis["search"].keys == () and apis["search"].limit == 64
+    assert apis["search"].keys == (ApiKeyConf("k0", "SEARCH_API_KEY"),)  # one key_env: a pool of one
+    assert apis["search"].limit == 64
     written = json.loads(json.dumps(config.to_dict()))
     assert parse_config(written) == config
     assert [k["key_env"] for k in written["apis"][2]["keys"]] == ["LLM_KEY_0", "LLM_KEY_1"]

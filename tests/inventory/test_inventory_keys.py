@@ -124,3 +124,13 @@ def test_every_bad_key_is_reported_at_once_and_no_secret_is_echoed() -> None:
         "apis.llm.keys[0].key", "apis.llm.keys[1].key_env", "apis.llm.keys[1].rpm", "apis.search.limit",
     ]
     assert not any("sk-live-very-secret" in p for p in found)
+
+
+def test_a_single_key_env_is_a_pool_of_one_key_under_the_apis_own_limit():
+    inv = load_inventory(HEAD + "  search: {mode: concurrency, limit: 8, key_env: SEARCH_API_KEY}\n")
+    (api,) = controller_config(inv).apis
+    assert (api.mode, api.limit) == ("concurrency", 8)
+    assert api.keys == (ApiKeyConf("k0", "SEARCH_API_KEY", 0, 0, 0),)
+    assert parse_config(controller_config(inv).to_dict()) == controller_config(inv)
+    (plain,) = controller_config(load_inventory(HEAD + "  search: {mode: concurrency, limit: 8}\n")).apis
+    assert plain.keys == ()
