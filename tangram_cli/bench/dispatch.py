@@ -521,8 +521,8 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     "--no-staging",
     "no_staging",
     is_flag=True,
-    help="Decide each start only once its cores are free (scheduler.stage_starts: false), to see what "
-    "staged starts change; default: as `tangram up` runs (staged).",
+    help="Decide each start only once its cores are free (scheduler.stage_starts: false, the default of "
+    "`tangram up`); without it the bench's controller runs with staged starts on, to measure them.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def dispatch(

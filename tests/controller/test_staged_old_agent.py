@@ -12,7 +12,7 @@ from tangram import protocol as p
 
 
 async def test_an_old_agent_gets_a_staged_spawn_only_after_the_one_it_follows(make_controller, make_agent):
-    c = await make_controller()
+    c = await make_controller(stage_starts=True)
     node = await make_agent(c, "n1", cpus=(0,), minor=p.STAGED_MINOR - 1)
     async with tangram.AsyncClient(c.submit_addr, name="old-agent", default_timeout=60) as tg:
         sbs = [await tg.open_sandbox(mem="16MiB") for _ in range(4)]
