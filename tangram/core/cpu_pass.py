@@ -20,7 +20,7 @@ from tangram.core.approx import greedy_eviction
 from tangram.core.dp import Curve, arrange_table, convex_curve
 from tangram.core.jobs import Fair
 from tangram.core.resources import CPU
-from tangram.core.state import FIXED, MAX, MIN, TANGRAM, Running, Sandbox, Waiting
+from tangram.core.state import FIXED, MAX, MIN, TANGRAM, Running, Sandbox, Waiting, expected_left
 from tangram.core.status import Shortfall, Status, never, wait
 
 if TYPE_CHECKING:
@@ -240,8 +240,7 @@ def _running_on(ctx: PassContext, node: str) -> list[tuple[float, int]]:
     (``staging.py``) gives its units back only when they have ended too."""
     now, stages = ctx.now, ctx.stages
     return [
-        ((r.est_end - now if r.est_end > now else r.est_end - r.started)
-         + (stages.chain_s(r.spec.action_id) if stages else 0.0), r.units)
+        (expected_left(r, now) + (stages.chain_s(r.spec.action_id) if stages else 0.0), r.units)
         for r in ctx.running.on(node, Kind.EXEC).values()
         if r.units
     ]

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from tangram.core import commands as cmd
 from tangram.core.actions import Kind
-from tangram.core.state import MIN, TANGRAM, Running, Waiting
+from tangram.core.state import MIN, TANGRAM, Running, Waiting, expected_left
 
 if TYPE_CHECKING:
     from tangram.core.context import PassContext
@@ -172,7 +172,7 @@ def stage(ctx: PassContext, stages: Stages, node: str, queue: list[Waiting], out
     for i, r in enumerate(ctx.running.on(node, Kind.EXEC).values()):
         if not r.units:
             continue
-        end = now if r.killed else (r.est_end if r.est_end > now else now + (r.est_end - r.started))
+        end = now if r.killed else now + expected_left(r, now)
         tail, depth = r.spec.action_id, 0
         while (f := stages.peek(tail)) is not None:
             end, tail, depth = end + f.est, f.w.spec.action_id, depth + 1
@@ -202,15 +202,16 @@ def stage(ctx: PassContext, stages: Stages, node: str, queue: list[Waiting], out
 def worth(ctx: PassContext, node: str, head: Waiting) -> bool:
     """Whether reading ``node``'s blocked queue for staging is worth it: its head could be staged
     (fixed-size exec; its sandbox may still be bound in this pass) and an exec runs on the node."""
-    if head.spec.kind is not Kind.EXEC or (head.spec.key_demand.elastic and ctx.config.policy != MIN):
-        return False
-    return bool(ctx.running.on(node, Kind.EXEC))
+    return _fixed_exec(ctx, head) and bool(ctx.running.on(node, Kind.EXEC))
+
+
+def _fixed_exec(ctx: PassContext, w: Waiting) -> bool:
+    """An exec whose units the passes would not change at its start (fixed, or the ``min`` policy)."""
+    return w.spec.kind is Kind.EXEC and (not w.spec.key_demand.elastic or ctx.config.policy == MIN)
 
 
 def _stageable(ctx: PassContext, w: Waiting, node: str) -> bool:
-    if w.spec.kind is not Kind.EXEC:
-        return False
-    if w.spec.key_demand.elastic and ctx.config.policy != MIN:
+    if not _fixed_exec(ctx, w):
         return False
     sb = ctx.sandboxes.get(w.spec.sandbox)
     return sb is not None and sb.node == node and not sb.lost

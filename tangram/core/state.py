@@ -41,6 +41,12 @@ class Running:
     killed: bool = False
 
 
+def expected_left(r: Running, now: float) -> float:
+    """How long ``r`` is expected to run on from ``now``. One past its estimate is expected to
+    need its estimated duration again (memoryless), not to end this instant."""
+    return r.est_end - now if r.est_end > now else r.est_end - r.started
+
+
 class RunningTable(dict[str, Running]):
     """The running actions by id, with indexes so that no event scans the whole cluster:
     per node (``on(node)``, and per node and kind), per sandbox and per client. Only
