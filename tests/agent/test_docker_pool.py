@@ -8,6 +8,7 @@ import contextlib
 import uuid
 
 import pytest
+from support import waiting
 from test_link import cpus_seen, two_cpus
 
 from agent.executors import docker_pool
@@ -21,10 +22,7 @@ WAIT_S = 90.0  # container creation on a loaded 2-core machine
 
 
 async def until(cond, timeout: float = WAIT_S, what: str = "condition") -> None:
-    end = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < end, f"{what} not met within {timeout} s"
-        await asyncio.sleep(0.1)
+    await waiting.until(cond, timeout, what, poll_s=0.1)
 
 
 def cluster_containers(client, cluster: str) -> list:

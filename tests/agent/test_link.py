@@ -20,6 +20,7 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
+from support import waiting
 
 from agent.config import AgentConfig
 from agent.executors.base import parse_cpuset
@@ -203,10 +204,7 @@ def spawn(action: str, cmd: str, cores: list[int], timeout_s: float = 10.0, sand
 
 
 async def until(cond, timeout: float = RECV_S) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "condition not met in time"
-        await asyncio.sleep(0.02)
+    await waiting.until(cond, timeout)
 
 
 def cpus_seen(stdout: bytes) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from support.waiting import until
 
 import tangram
 from tangram.core.pool import PoolPolicy, PoolShape
@@ -27,13 +28,6 @@ async def start(pool: dict[str, Any] | None) -> Controller:
     c = Controller(parse_config(raw), Options(bind="127.0.0.1"))
     c.start()
     return c
-
-
-async def until(cond, timeout: float = 10.0) -> None:
-    end = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < end, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_targets_follow_the_opens_and_every_hello_gets_them_all(make_agent) -> None:

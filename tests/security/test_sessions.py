@@ -29,6 +29,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "controller"))
 
 from fake_agent import FakeAgent
+from support.waiting import until as wait_until
 
 import tangram
 from tangram import certs as tc
@@ -256,13 +257,6 @@ async def victim_with_work(addr: str, **kw: Any) -> tuple[tangram.AsyncClient, A
     assert (await sb.exec("cat secret.txt", timeout=10)).stdout_bytes == SECRET  # placed on n1
     lease = await tg.api("search", timeout=10).acquire()
     return tg, sb, lease
-
-
-async def wait_until(cond: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def assert_victim_untouched(c: Controller, tg: tangram.AsyncClient, sb: Any, lease: Any) -> None:
