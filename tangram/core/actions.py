@@ -89,7 +89,8 @@ class ActionSpec:
     service (CALL); ``api`` the API name (LEASE). ``t_ori`` is the profiled single-unit
     duration in seconds (None: use the history of ``action_type``). ``timeout_s`` bounds
     queueing plus running (0: none). ``tokens`` (LEASE): what the call will be charged against
-    a key's tokens-per-minute limit (prompt + maximum output; 0: none).
+    a key's tokens-per-minute limit (prompt + maximum output; 0: none). ``api_key`` (LEASE): a
+    lease restored after a controller restart names the key it held, and is granted on it again.
     """
 
     action_id: str
@@ -109,6 +110,7 @@ class ActionSpec:
     mem_mib: int = 0
     extra: tuple[tuple[str, str], ...] = field(default=())
     tokens: int = 0
+    api_key: str = ""
 
     def demand_of(self, resource: str) -> Demand:
         for r, d in self.demand:

@@ -14,6 +14,10 @@ deadlines), called from ``Scheduler._schedule`` (``run``), ``Scheduler.next_dead
    sliding minute (or cool-down) leaves room for it.
 3. A lease whose requests or tokens exceed what any key allows in a minute can never be
    granted: ``never_fits`` says so at admission (NO_CAPACITY).
+4. After a controller restart, ``KeyUsed`` puts a key's minute and cool-down back
+   (``on_key_used``; unknown APIs and keys are ignored: the config may have changed), and a
+   lease restored with ``api_key`` is granted again on the key it held, whatever that key's
+   room: its holder is already using it (``managers/keys.py`` rule 6).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import math
 from typing import TYPE_CHECKING
 
 from tangram.core import commands as cmd
+from tangram.core import events as ev
 from tangram.core import jobs
 from tangram.core.managers.basic import Api
 from tangram.core.state import Running, Waiting
@@ -50,14 +55,15 @@ def run(s: Scheduler, pool: str, out: list[cmd.Command]) -> None:
         if free < units:
             w.status = wait(Shortfall(pool, units, free, api.limit, api.name))
             return
-        key = api.keys.pick(s.now, units, tokens) if api.keys else None
+        bound = api.keys.named(w.spec.api_key) if w.spec.api_key else None  # rule 4
+        key = bound or (api.keys.pick(s.now, units, tokens) if api.keys else None)
         if api.keys and key is None:
             w.status = _no_key(api, pool, units, tokens, s.now)
             return
         s.pending.remove(w.spec.action_id)
         _grant(s, api, w, "" if key is None else key.spec.name, out)
         if key is not None:
-            api.keys.take(key, w.spec.action_id, units, tokens, s.now)
+            api.keys.take(key, w.spec.action_id, units, tokens, s.now, restored=bound is not None)
 
 
 def _grant(s: Scheduler, api: Api, w: Waiting, key: str, out: list[cmd.Command]) -> None:
@@ -115,6 +121,13 @@ def report(s: Scheduler, aid: str, tokens: int, limited: bool, reset_s: float) -
             api.keys.report(aid, tokens if tokens >= 0 else None, limited, reset_s, s.now)
             s._dirty.add(pool_of(name))
             return
+
+
+def on_key_used(s: Scheduler, e: ev.KeyUsed, out: list[cmd.Command]) -> None:
+    """Rule 4: a key's minute and cool-down from before a controller restart."""
+    api = s.basic.apis.get(e.api)
+    if api is not None and api.keys.restore(e.key, e.charges, e.cool_left_s, s.now):
+        s._dirty.add(pool_of(e.api))
 
 
 def never_fits(s: Scheduler, spec: ActionSpec) -> Status | None:

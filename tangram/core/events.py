@@ -80,6 +80,20 @@ class ApiUsed:
 
 
 @dataclass(frozen=True)
+class KeyUsed:
+    """Key ``key`` of API ``api`` before a controller restart (API key pools): ``charges`` are
+    ``(age_s, units, tokens, lease)``, the leases granted on it in the last minute (``lease``
+    names one that is still held and is submitted again with ``ActionSpec.api_key``; ``""``
+    once released), and ``cool_left_s`` what is left of its cool-down after a rate-limit
+    answer. An unknown API or key is ignored (the config may have changed)."""
+
+    api: str
+    key: str
+    charges: tuple[tuple[float, int, int, str], ...] = ()
+    cool_left_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class SandboxOpened:
     """A trajectory's environment. ``reserve`` > 0 holds that many cores until it closes."""
 
@@ -172,6 +186,7 @@ Event = (
     | ApiDefined
     | ApiUsed
     | ApiReported
+    | KeyUsed
     | SandboxOpened
     | SandboxClosed
     | SandboxAdopted

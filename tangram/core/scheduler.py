@@ -563,6 +563,7 @@ _HANDLERS = {
     ev.ApiDefined: Scheduler._on_api,
     ev.ApiUsed: Scheduler._on_api_used,
     ev.ApiReported: Scheduler._on_api_reported,
+    ev.KeyUsed: api_pass.on_key_used,
     ev.SandboxOpened: Scheduler._on_sandbox_opened,
     ev.SandboxClosed: Scheduler._on_sandbox_closed,
     ev.SandboxAdopted: Scheduler._on_sandbox_adopted,

@@ -12,7 +12,12 @@ canonical encoding of `tangram.journal`, a header line per controller epoch):
     {"f":"run","ident":HEX,"rid":R,"kind":K,"node":N,"action":A}    a request started running
     {"f":"ans","ident":HEX,"rid":R,"kind":K,"t":WALL,"frames":[B64]} its one final reply
     {"f":"lease","action":A,"api":API,"units":U,"ident":HEX,"rid":R,"expires":WALL}  granted
+        (+ "key":K, "t":WALL, "tok":N for a key pool's lease: the key's name, never its
+        secret, and its charge: granted at t, N tokens)
     {"f":"lease-end","action":A}                                     ... released or expired
+    {"f":"tok","action":A,"tok":N}                                   its holder reported N tokens
+    {"f":"cool","api":API,"key":K,"until":WALL}                      a key cools down (a 429)
+    {"f":"keys","api":API,"key":K,"cool":WALL,"charges":[[A,T,U,N]]}  a key's minute (rewrites)
     {"f":"quota","api":API,"used":U,"start":WALL}                    a quota window's use
     {"f":"up","node":N} / {"f":"down","node":N}                      a node joined / left
 
@@ -21,10 +26,12 @@ sent: a `run` before the Spawn/Invoke, an `ans` before the client's reply. A kil
 therefore never forgets that something ran or what it answered. `fsync` runs at most every
 `SYNC_S` seconds and at a clean stop, so a machine crash can lose the last second.
 
-Replay (`load`): live sandboxes with their nodes, leases not yet released, each API's last
-quota window, answers younger than `ANSWER_TTL_S`, and requests that ran without an answer (after a restart they are answered NODE_LOST: they were
-stopped, never run twice). Start-up rewrites the file with just that (compaction), and so does
-`append` once the file passes `COMPACT_BYTES`.
+Replay (`load`): live sandboxes with their nodes, leases not yet released (with the key each
+holds), each API's last quota window, each key's charges of the last `KEY_WINDOW_S` and its
+cool-down, answers younger than `ANSWER_TTL_S`, and requests that ran without an answer
+(after a restart they are answered NODE_LOST: they were stopped, never run twice). Start-up
+rewrites the file with just that (compaction; a key's charges pruned to the last minute), and
+so does `append` once the file passes `COMPACT_BYTES`.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tangram import journal
+from tangram.core.managers.keys import WINDOW_S
 from tangram_cli.controller.api_keys import scrub
 
 log = logging.getLogger("tangram.controller.ledger")
@@ -52,6 +60,7 @@ COMPACT_BYTES = 64 << 20
 MAX_ANSWER_BYTES = 1 << 20  # a larger final reply is kept as "finished, result not kept"
 ANSWERS_MAX = 65536  # as many as the reply cache holds
 KINDS = frozenset({"open", "exec", "call", "lease"})  # requests whose effect must not repeat
+KEY_WINDOW_S = WINDOW_S  # a key's charges older than this no longer count (managers/keys.py)
 
 
 @dataclass
@@ -72,6 +81,18 @@ class LeaseFact:
     ident: bytes
     rid: int
     expires: float  # wall clock
+    key: str = ""  # the key (name) of an API key pool it holds
+
+
+@dataclass
+class ChargeFact:
+    """One lease's charge against its key's minute (API key pools)."""
+
+    api: str
+    key: str
+    t: float  # wall clock of the grant
+    units: int
+    tokens: int
 
 
 @dataclass
@@ -84,13 +105,24 @@ class Restored:
     ran: dict[tuple[bytes, int], tuple[str, str, str]] = field(default_factory=dict)
     leases: dict[str, LeaseFact] = field(default_factory=dict)
     quotas: dict[str, tuple[int, float]] = field(default_factory=dict)  # api -> (used, window start, wall)
+    charges: dict[str, ChargeFact] = field(default_factory=dict)  # lease -> its key's charge, in time order
+    cools: dict[tuple[str, str], float] = field(default_factory=dict)  # (api, key) -> cooling until, wall
     nodes: set[str] = field(default_factory=set)  # the nodes that were up
     epochs: int = 0
     skipped: int = 0  # lines that did not parse (a torn last line)
 
     @property
     def empty(self) -> bool:
-        return not (self.sandboxes or self.answers or self.ran or self.leases or self.quotas or self.nodes)
+        return not (
+            self.sandboxes
+            or self.answers
+            or self.ran
+            or self.leases
+            or self.quotas
+            or self.nodes
+            or self.charges
+            or self.cools
+        )
 
 
 def _apply(r: Restored, rec: dict[str, Any], now: float) -> None:
@@ -111,11 +143,21 @@ def _apply(r: Restored, rec: dict[str, Any], now: float) -> None:
         )
     elif f == "lease":
         lf = LeaseFact(
-            rec["action"], rec["api"], rec["units"], bytes.fromhex(rec["ident"]), rec["rid"], rec["expires"]
+            rec["action"],
+            rec["api"],
+            rec["units"],
+            bytes.fromhex(rec["ident"]),
+            rec["rid"],
+            rec["expires"],
+            rec.get("key", ""),
         )
         r.leases[lf.action] = lf
+        if lf.key and "t" in rec:
+            r.charges[lf.action] = ChargeFact(lf.api, lf.key, rec["t"], lf.units, rec["tok"])
     elif f == "lease-end":
         r.leases.pop(rec["action"], None)
+    elif f in ("tok", "cool", "keys"):
+        _apply_key(r, rec)
     elif f == "up":
         r.nodes.add(rec["node"])
     elif f == "down":
@@ -130,6 +172,23 @@ def _apply(r: Restored, rec: dict[str, Any], now: float) -> None:
             r.answers[key] = (rec["kind"], rec["t"], frames)
         else:
             r.answers.pop(key, None)
+
+
+def _apply_key(r: Restored, rec: dict[str, Any]) -> None:
+    """The key-pool lines: a token report, a cool-down, a key's minute as a rewrite left it."""
+    f = rec["f"]
+    if f == "tok":
+        if (c := r.charges.get(rec["action"])) is not None:
+            c.tokens = int(rec["tok"])
+    elif f == "cool":
+        k = (rec["api"], rec["key"])
+        r.cools[k] = max(r.cools.get(k, 0.0), float(rec["until"]))
+    else:
+        k = (rec["api"], rec["key"])
+        if rec.get("cool"):
+            r.cools[k] = max(r.cools.get(k, 0.0), float(rec["cool"]))
+        for action, t, units, tokens in rec["charges"]:
+            r.charges[action] = ChargeFact(k[0], k[1], float(t), int(units), int(tokens))
 
 
 def load(path: str, now: float | None = None) -> Restored:
@@ -150,6 +209,9 @@ def load(path: str, now: float | None = None) -> Restored:
                 _apply(r, rec, now)
             except (ValueError, KeyError, TypeError, AttributeError):
                 r.skipped += 1
+    live = sorted((c.t, a) for a, c in r.charges.items() if c.t > now - KEY_WINDOW_S)
+    r.charges = {a: r.charges[a] for _, a in live}
+    r.cools = {k: t for k, t in r.cools.items() if t > now}
     return r
 
 
@@ -169,6 +231,8 @@ class Ledger:
         self._requests: OrderedDict[tuple[bytes, int], str] = OrderedDict()
         self._leases: dict[str, str] = {}
         self._quotas: dict[str, str] = {}
+        self._charges: OrderedDict[str, ChargeFact] = OrderedDict()  # lease -> charge, grant order
+        self._cools: dict[tuple[str, str], float] = {}  # (api, key) -> cooling until, wall
         self._nodes: set[str] = set()
         self.written = 0
 
@@ -191,6 +255,8 @@ class Ledger:
             self._requests[key] = _run_line(key, kind, node, action)
         for api, (used, start) in r.quotas.items():
             self.quota(api, used, start, write=False)
+        self._charges.update(r.charges)  # leases granted again keep their charge (`lease`)
+        self._cools.update(r.cools)
         self._nodes = set(r.nodes)  # they stay expected until they join again or are given up
         # leases are written again when the restored controller grants them anew
         self._rewrite()
@@ -230,22 +296,59 @@ class Ledger:
             if self._sandboxes.pop(sandbox, None) is not None:
                 self._append(_line({"f": "gone", "sb": sandbox}))
 
-    def lease(self, lf: LeaseFact) -> None:
+    def lease(self, lf: LeaseFact, charge: ChargeFact | None = None) -> None:
+        """A granted lease; ``charge``: its charge against its key's minute (a key pool's)."""
         if self.path is None:
             return
-        line = _line(
-            {
-                "f": "lease",
-                "action": lf.action,
-                "api": lf.api,
-                "units": lf.units,
-                "ident": lf.ident.hex(),
-                "rid": lf.rid,
-                "expires": lf.expires,
-            }
-        )
+        doc: dict[str, Any] = {
+            "f": "lease",
+            "action": lf.action,
+            "api": lf.api,
+            "units": lf.units,
+            "ident": lf.ident.hex(),
+            "rid": lf.rid,
+            "expires": lf.expires,
+        }
+        if lf.key:
+            doc["key"] = lf.key
+        if lf.key and charge is not None:
+            doc.update(t=charge.t, tok=charge.tokens)
+            self._charges[lf.action] = charge
+            self._prune(self.wall())
+        line = _line(doc)
         self._leases[lf.action] = line
         self._append(line)
+
+    def charged(self, action: str, tokens: int) -> None:
+        """A lease's holder reported ``tokens``: its charge changes (while it is in the window)."""
+        c = self._charges.get(action)
+        if c is not None and c.tokens != tokens:
+            c.tokens = tokens
+            self._append(_line({"f": "tok", "action": action, "tok": tokens}))
+
+    def cooled(self, api: str, key: str, until: float) -> None:
+        """Key ``key`` of ``api`` cools down until ``until`` (wall clock) after a rate-limit answer."""
+        if self.path is None or until <= self._cools.get((api, key), 0.0):
+            return
+        self._cools[(api, key)] = until
+        self._append(_line({"f": "cool", "api": api, "key": key, "until": until}))
+
+    def _prune(self, now: float) -> None:
+        while self._charges and next(iter(self._charges.values())).t <= now - KEY_WINDOW_S:
+            self._charges.popitem(last=False)
+        self._cools = {k: t for k, t in self._cools.items() if t > now}
+
+    def _key_lines(self, now: float) -> list[str]:
+        """Each key's charges of the last minute and its cool-down, one line per key."""
+        self._prune(now)
+        rows: dict[tuple[str, str], list[list[Any]]] = {}
+        for action, c in self._charges.items():
+            rows.setdefault((c.api, c.key), []).append([action, c.t, c.units, c.tokens])
+        lines = []
+        for api, key in sorted(set(rows) | set(self._cools)):
+            cool, charges = self._cools.get((api, key), 0.0), rows.get((api, key), [])
+            lines.append(_line({"f": "keys", "api": api, "key": key, "cool": cool, "charges": charges}))
+        return lines
 
     def lease_end(self, action: str) -> None:
         if self._leases.pop(action, None) is not None:
@@ -333,6 +436,7 @@ class Ledger:
             lines.extend(sb_lines)
         lines.extend(self._leases.values())
         lines.extend(self._quotas.values())
+        lines.extend(self._key_lines(now))
         lines.extend(_line({"f": "up", "node": n}) for n in sorted(self._nodes))
         lines.extend(self._requests.values())
         data = ("\n".join(lines) + "\n").encode("ascii")

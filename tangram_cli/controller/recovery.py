@@ -19,6 +19,9 @@ At start `restore` puts back:
 - **leases** not yet released: granted again at once (the client still holds them), so an
   API's concurrency stays bounded; each quota-mode API's current **window** (`ApiUsed`), so a
   restart does not reset a quota.
+- **API keys** (key pools): each key's charges of the last minute and its cool-down after a
+  rate-limit answer (`KeyUsed`), and each restored lease goes back on the key it held (the one
+  whose secret its holder still uses), counted in that key's in-flight (`ActionSpec.api_key`).
 - the sandboxes' and leases' **owners** as known clients, so a client that never comes back is released
   after the client grace like any silent one.
 
@@ -33,7 +36,8 @@ new controller epoch, so they are simply submitted again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tangram import protocol
@@ -41,7 +45,7 @@ from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.scheduler import Scheduler
 from tangram_cli.controller.gateway import lease_spec
-from tangram_cli.controller.ledger import ANSWER_TTL_S, LeaseFact, Ledger, Restored
+from tangram_cli.controller.ledger import ANSWER_TTL_S, ChargeFact, LeaseFact, Ledger, Restored
 from tangram_cli.controller.sessions import client_key
 from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord
 
@@ -144,6 +148,8 @@ class Recovery:
         for api, (used, start) in r.quotas.items():
             held = sum(lf.units for lf in live if lf.api == api)  # granted again below
             step(ev.ApiUsed(api, max(0, used - held), max(0.0, wall - start)))
+        for e in key_events(r, {lf.action for lf in live}, wall):
+            step(e)
         now = self.clock.now()
         for lf in live:
             left = lf.expires - wall
@@ -161,7 +167,8 @@ class Recovery:
                 final_sent=True,
             )
             self.gateway.restore_client(lf.ident)
-            step(ev.ActionSubmitted(lease_spec(lf.action, lf.api, lf.units, client_key(lf.ident), left)))
+            spec = lease_spec(lf.action, lf.api, lf.units, client_key(lf.ident), left)
+            step(ev.ActionSubmitted(replace(spec, api_key=lf.key)))
         self.counters["restored_leases"] = len(live)
 
     # ------------------------------------------------------------ while running
@@ -172,6 +179,8 @@ class Recovery:
         sandboxes = self.registry.sandboxes
         if isinstance(event, (ev.NodeJoined, ev.NodeLost)):
             self.ledger.node(event.node, isinstance(event, ev.NodeJoined))
+        if isinstance(event, ev.ApiReported):
+            self._reported(event.action_id)
         if isinstance(event, ev.SandboxOpened):
             rec = sandboxes.get(event.sandbox)
             if rec is not None and not rec.restoring:
@@ -198,14 +207,33 @@ class Recovery:
         a = self.registry.actions.get(c.action_id)
         wall, now = self.ledger.wall(), self.clock.now()
         if a is not None:
-            self.ledger.lease(
-                LeaseFact(
-                    c.action_id, c.api, a.units, a.ident, a.request_id, wall + max(0.0, a.deadline - now)
-                )
-            )
+            expires = wall + max(0.0, a.deadline - now)
+            lf = LeaseFact(c.action_id, c.api, a.units, a.ident, a.request_id, expires, c.key)
+            self.ledger.lease(lf, self._charge(c.api, c.action_id, wall) if c.key else None)
         api = self.core.basic.apis.get(c.api)
         if api is not None and api.window_start is not None:
             self.ledger.quota(c.api, api.used, wall - (self.core.now - api.window_start))
+
+    def _charge(self, api_name: str, lease: str, wall: float) -> ChargeFact | None:
+        """The core's charge of a lease against its key (None: none in the key's minute)."""
+        api = self.core.basic.apis.get(api_name)
+        held = api.keys.held(lease) if api is not None else None
+        if held is None or not held[1].live:
+            return None
+        key, c = held
+        return ChargeFact(api_name, key.spec.name, wall - (self.core.now - c.at), c.units, c.tokens)
+
+    def _reported(self, lease: str) -> None:
+        """A holder's report changed its key's charge or cool-down in the core: write them."""
+        for name in sorted(self.core.basic.apis):
+            api = self.core.basic.apis[name]
+            if (held := api.keys.held(lease)) is not None:
+                key, c = held
+                self.ledger.charged(lease, c.tokens)
+                left = key.cool_until - self.core.now
+                if left > 0:
+                    self.ledger.cooled(name, key.spec.name, self.ledger.wall() + left)
+                return
 
     # ------------------------------------------------------------ adoption
     def on_hello(self, node: str, listed: set[str]) -> None:
@@ -276,3 +304,16 @@ class Recovery:
             rec.lost = True
             self.post(ev.SandboxClosed(rec.sandbox))
         self.gateway.resume(rec.sandbox)
+
+
+def key_events(r: Restored, live: set[str], wall: float) -> Iterator[ev.KeyUsed]:
+    """One `KeyUsed` per key with charges in its last minute or a cool-down left: ages and the
+    cool-down's rest relative to ``wall`` (the core knows no wall clock); a charge of a lease in
+    ``live`` (granted again right after) names that lease."""
+    charges: dict[tuple[str, str], list[tuple[float, int, int, str]]] = {}
+    for action, c in r.charges.items():
+        row = (max(0.0, wall - c.t), c.units, c.tokens, action if action in live else "")
+        charges.setdefault((c.api, c.key), []).append(row)
+    for api, key in sorted(set(charges) | set(r.cools)):
+        cool = max(0.0, r.cools.get((api, key), 0.0) - wall)
+        yield ev.KeyUsed(api, key, tuple(charges.get((api, key), [])), cool)

@@ -22,6 +22,10 @@ Contract:
 5. ``release`` and ``report`` of an unknown lease change nothing (idempotent). A report may
    come just after its lease's release (a driver hands completions first): the last
    ``RECENT`` released leases still take their reports.
+6. A controller that restarts puts each key's minute and cool-down back (``restore``, from
+   ``KeyUsed``): charges by age, relative to the core's ``now``. A lease it grants again
+   (``take`` with ``restored``) stays on the key it held and counts in that key's in-flight;
+   its charge is the restored one (none once it aged out of the window), never a new one.
 """
 
 from __future__ import annotations
@@ -122,6 +126,7 @@ class KeyPool:
         self._lease_key: dict[str, KeyState] = {}
         self._lease_charge: dict[str, Charge] = {}
         self._released: OrderedDict[str, tuple[KeyState, Charge]] = OrderedDict()
+        self._restored: dict[str, tuple[KeyState, Charge]] = {}  # live leases' charges, until granted again
 
     def __bool__(self) -> bool:
         return bool(self.keys)
@@ -145,15 +150,57 @@ class KeyPool:
                 best = (k.used(), i, k)
         return None if best is None else best[2]
 
-    def take(self, key: KeyState, lease: str, units: int, tokens: int, now: float) -> None:
-        entry = Charge(now, units, tokens)
-        key.window.append(entry)
-        key.requests += units
-        key.tokens += tokens
+    def named(self, name: str) -> KeyState | None:
+        return next((k for k in self.keys if k.spec.name == name), None)
+
+    def take(
+        self, key: KeyState, lease: str, units: int, tokens: int, now: float, restored: bool = False
+    ) -> None:
+        """Charge ``key`` for a granted lease; ``restored``: granted before a restart (rule 6)."""
+        held = self._restored.pop(lease, None) if restored else None
+        if held is not None and held[0] is key:
+            entry = held[1]
+        elif restored:
+            entry = Charge(now, units, tokens, live=False)  # its request aged out of the window
+        else:
+            entry = Charge(now, units, tokens)
+            key.window.append(entry)
+            key.requests += units
+            key.tokens += tokens
         key.in_flight[lease] = units
-        key.granted += 1
+        key.granted += not restored  # since this controller started
         self._lease_key[lease] = key
         self._lease_charge[lease] = entry
+
+    def restore(
+        self, name: str, charges: tuple[tuple[float, int, int, str], ...], cool_left_s: float, now: float
+    ) -> bool:
+        """Rule 6: key ``name``'s charges ``(age_s, units, tokens, lease)`` and the rest of its
+        cool-down, as a restarted controller recorded them; ``lease`` names a live lease that
+        will be granted again on this key. False (nothing changes) for a key the pool lacks."""
+        key = self.named(name)
+        if key is None:
+            return False
+        added = []
+        for age, units, tokens, lease in charges:
+            if age >= WINDOW_S or units < 0 or tokens < 0:
+                continue
+            c = Charge(now - max(0.0, age), units, tokens)
+            added.append(c)
+            key.requests += units
+            key.tokens += tokens
+            if lease:
+                self._restored[lease] = (key, c)
+        key.window = deque(sorted([*key.window, *added], key=lambda c: c.at))
+        key.cool_until = max(key.cool_until, now + max(0.0, cool_left_s))
+        return True
+
+    def held(self, lease: str) -> tuple[KeyState, Charge] | None:
+        """The key a granted (or recently released) lease holds, and its charge."""
+        key = self._lease_key.get(lease)
+        if key is not None:
+            return key, self._lease_charge[lease]
+        return self._released.get(lease)
 
     def next_room(self, now: float, units: int, tokens: int) -> float:
         return min((k.next_room(now, units, tokens) for k in self.keys), default=math.inf)
