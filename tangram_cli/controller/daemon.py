@@ -201,7 +201,8 @@ class Controller:
             lambda ident: (c.owner or c.name) if (c := clients.get(ident)) is not None else "",
             self.config.metrics_clients,
         )
-        collector = MetricsCollector(self.metrics, lambda: self._records(["cluster", "nodes", "jobs"], 1))
+        sections = ["cluster", "nodes", "jobs", "apis"]  # apis: each API key's figures (apis[].keys)
+        collector = MetricsCollector(self.metrics, lambda: self._records(sections, 1))
         self.metrics_http = MetricsServer(self._metrics_sock, collector)
 
     # ------------------------------------------------------------ addresses
@@ -343,6 +344,7 @@ class Controller:
             decide={**self.driver.decide.quantiles(), "slowest": [list(x) for x in self.driver.slow]},
             now=self.clock.now(),
             services_conf=list(self.config.services),
+            pool_targets=self.pools.node_targets(),
         )
 
     # ------------------------------------------------------------ lifecycle

@@ -5,11 +5,13 @@ controller's `--config`; 0 picks a free port, reported in the ready line as `met
 on the controller's own bind address, under the same rule as its ZeroMQ sockets (`check_bind`):
 never every interface, and loopback only unless the controller runs CURVE. The endpoint itself
 has no authentication: anyone who reaches the port reads the metrics (names of clients, nodes,
-services and APIs, counts and times; no keys, identities or tokens).
+services, APIs and API keys, counts and times; no secrets, identities or tokens).
 
 The server runs on the controller's event loop (asyncio streams), so a scrape reads the live
 state between two driver steps: `Metrics` (metrics.py) for the per-action numbers, and the status
-records (`cluster` and `nodes` sections) for node utilisation, gauges and the controller's counters.
+records (`cluster`, `nodes`, `jobs` and `apis` sections, from the core's snapshot) for node utilisation,
+gauges, the controller's counters, RL jobs and each API key's figures (`apis[].keys`: names, never a
+secret; the keys are the configured ones, so their labels stay bounded).
 prometheus-client builds the exposition text (`generate_latest`); nothing of it is on the hot path.
 """
 
@@ -37,7 +39,7 @@ from tangram_cli.controller.state import bind_host
 log = logging.getLogger("tangram.controller.metrics")
 
 READ_TIMEOUT_S = 5.0
-Records = Callable[[], dict[str, Any]]  # the status records, sections cluster and nodes
+Records = Callable[[], dict[str, Any]]  # the status records, sections cluster, nodes, jobs and apis
 
 
 class MetricsCollector:
@@ -133,6 +135,7 @@ class MetricsCollector:
         yield fam
         yield from _nodes(records.get("nodes") or [])
         yield from _jobs(records.get("jobs") or [], self.metrics.labels.cap)
+        yield from _api_keys(records.get("apis") or [])
 
 
 def _nodes(rows: list[dict[str, Any]]) -> Iterator[Any]:
@@ -194,6 +197,37 @@ def _jobs(rows: list[dict[str, Any]], cap: int) -> Iterator[Any]:
     for labels, value in sorted(per.items()):
         fam.add_metric(list(labels), value)
     yield fam
+
+
+KEY_GAUGES = (
+    ("tangram_api_key_minute_requests", "rpm_used", "Requests charged to an API key in its sliding minute"),
+    ("tangram_api_key_minute_tokens", "tpm_used", "Tokens charged to an API key in its sliding minute"),
+    ("tangram_api_key_leases_in_flight", "in_flight", "Leases holding an API key now"),
+    ("tangram_api_key_cooling", "cooling_s", "1 while an API key cools down after a rate-limit report"),
+)
+KEY_COUNTERS = (
+    ("tangram_api_key_leases_granted", "granted", "Leases granted an API key"),
+    ("tangram_api_key_rate_limited", "limited", "Rate-limit (HTTP 429) answers reported for an API key"),
+)
+
+
+def _api_keys(apis: list[dict[str, Any]]) -> Iterator[Any]:
+    """Per API and key name (status `apis[].keys` rows, the core's `KeyPool.rows`): never a secret,
+    which neither the core nor the status records hold. APIs without keys add no series."""
+    keys = [
+        (str(api.get("api", "")), str(k.get("key", "")), k)
+        for api in apis
+        for k in (api.get("keys") or [])
+        if isinstance(k, dict)
+    ]
+    for name, field, doc, family in [(*g, GaugeMetricFamily) for g in KEY_GAUGES] + [
+        (*c, CounterMetricFamily) for c in KEY_COUNTERS
+    ]:
+        fam = family(name, doc, labels=["api", "key"])
+        for api, key, row in keys:
+            value = float(row.get(field) or 0)
+            fam.add_metric([api, key], (1.0 if value > 0 else 0.0) if field == "cooling_s" else value)
+        yield fam
 
 
 def metrics_socket(bind: str, port: int) -> socket.socket:

@@ -171,6 +171,13 @@ class PoolKeeper:
             if count >= 0
         ]
 
+    def node_targets(self) -> dict[str, int]:
+        """Each node's target as last sent, summed over its shapes (status's NODES `pool_target`)."""
+        out: dict[str, int] = {}
+        for row in self.rows():
+            out[row["node"]] = out.get(row["node"], 0) + row["target"]
+        return out
+
     async def run(self) -> None:
         while True:
             await asyncio.sleep(PERIOD_S)

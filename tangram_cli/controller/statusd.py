@@ -16,7 +16,9 @@
   `sandboxes_busy`, `gpus_total`, `gpus_busy`, `gpu_mem_used_mib` (per GPU), `gpu_mem_mib` (each
   GPU's memory) and `gpu_mem_total_mib` (on nodes with GPUs), `resident`
   (service@start+size), `executor`, `docker`, `cgroup`, `hostname`, `pid`, `version`, `numa`,
-  `idle_cpus`, `gpu_uuids`, `agent_epoch`, `restarts`, `connected_s`, `inflight_requests`.
+  `idle_cpus`, `gpu_uuids`, `agent_epoch`, `restarts`, `connected_s`, `inflight_requests`;
+  warm sandbox pools: `pool_idle` (idle pooled sandboxes, from the agent's heartbeats), `pool_mem_mib`
+  (their memory) and `pool_target` (what the controller last told the agent, all shapes; pools.py).
 - `services`: `service`, `runtime`, `model`, `gpu_mem_mib`, `chunk_sizes`, `load_s`,
   `resident` (instances), `inflight`, `queued`.
 - `apis`: `api`, `mode` (concurrency | quota), `limit`, `in_flight` (leases held now), `used`
@@ -162,8 +164,9 @@ def build_records(
     services_conf: list[Any],
     decide: dict[str, Any] | None = None,
     now: float = 0.0,
+    pool_targets: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Status records; `started` and `now` are on the controller's clock."""
+    """Status records; `started`, `now`: the controller's clock; `pool_targets`: `PoolKeeper.node_targets`."""
     snap = core.snapshot(limit=limit)
     out: dict[str, Any] = {}
     who = _Who(client_rows)
@@ -189,17 +192,15 @@ def build_records(
             "decide": decide or {},
             "counters": {**dict(snap.counters), **counters},
         }
-    if "nodes" in sections:
-        out["nodes"] = _node_rows(core, snap, agent_rows, sandboxes)
-    if "services" in sections:
-        out["services"] = _service_rows(core, snap, services_conf)
-    if "apis" in sections:
-        out["apis"] = [_api_row(core, a, max(now, snap.now)) for a in snap.apis]
-    if "queue" in sections:
-        out["queue"] = _queue_rows(snap, actions, who, limit)
-    if "actions" in sections:
-        out["actions"] = _action_rows(core, actions, who, limit, now)
-    more = {"clients": lambda: client_rows[:limit], "jobs": lambda: [job_row(r) for r in snap.jobs]}
+    more: dict[str, Callable[[], Any]] = {
+        "nodes": lambda: _node_rows(core, snap, agent_rows, sandboxes, pool_targets or {}),
+        "services": lambda: _service_rows(core, snap, services_conf),
+        "apis": lambda: [_api_row(core, a, max(now, snap.now)) for a in snap.apis],
+        "queue": lambda: _queue_rows(snap, actions, who, limit),
+        "actions": lambda: _action_rows(core, actions, who, limit, now),
+        "clients": lambda: client_rows[:limit],
+        "jobs": lambda: [job_row(r) for r in snap.jobs],
+    }
     out.update({name: make() for name, make in more.items() if name in sections})
     return out
 
@@ -249,7 +250,7 @@ def _queue_rows(snap: Any, actions: dict[str, Any], who: _Who, limit: int) -> li
 
 
 def _node_rows(
-    core: Scheduler, snap: Any, agent_rows: list[dict[str, Any]], sandboxes: list[Any]
+    core: Scheduler, snap: Any, agent_rows: list[dict[str, Any]], sandboxes: list[Any], pools: dict[str, int]
 ) -> list[dict[str, Any]]:
     agents = {a["node"]: a for a in agent_rows}
     busy_by_node: dict[str, int] = {}
@@ -277,7 +278,8 @@ def _node_rows(
         agent = agents.get(name)
         role = "+".join(r for r, n in (("cpu", base["cpus_total"]), ("gpu", base["gpus_total"])) if n) or "-"
         base.update(
-            {"state": node_state(base, agent), "role": role, "sandboxes_busy": busy_by_node.get(name, 0)}
+            {"state": node_state(base, agent), "role": role, "sandboxes_busy": busy_by_node.get(name, 0),
+             "pool_target": pools.get(name, 0)}
         )
         base.update(_gpu_mem(core, name))
         base.update(agent or {"agent_state": "unknown", "heartbeat_age_s": None, "reason": ""})

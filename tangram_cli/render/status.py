@@ -3,10 +3,12 @@
 once a client names an RL job or the config defines one.
 
 QUEUE lists running actions first (``R``/``CG``, at most ``RUNNING_SHOWN`` unless wide) and then the
-waiting ones (``PD``), as squeue does, with a line on how many more there are.
+waiting ones (``PD``), as squeue does, with a line on how many more there are (render/queue.py).
+NODES gets a POOL(idle/target) column when any node keeps a warm sandbox pool (``pool_target`` or
+``pool_idle`` above 0); a cluster without pools shows none.
 
 The controller's ``Status.records`` maps a section name to rows (dicts). The row schema belongs to
-the controller (docs/protocol.md), so every reader here is defensive: a missing key renders as
+the controller (docs/protocol.md), so every reader (render/cells.py) is defensive: a missing key renders as
 ``-``, an unknown section is shown only with ``-o wide``, and aliases (``node``/``name``) are tried.
 Identical nodes collapse into one row named by a hostlist range (``cpu-[01-03]``), as sinfo does.
 """
@@ -14,45 +16,20 @@ Identical nodes collapse into one row named by a hostlist range (``cpu-[01-03]``
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tangram.units import format_cpulist
 from tangram_cli.hostlist import compress
+from tangram_cli.render.cells import Col, first, frac, listish, mib, num, rows, seconds
+from tangram_cli.render.cells import duration as duration  # re-exported: `tangram up` reads it here
+from tangram_cli.render.queue import QUEUE_COLS, action_rows
+from tangram_cli.render.queue import RUNNING_SHOWN as RUNNING_SHOWN  # re-exported for status's readers
 
 # Imported where used, not here (start-up cost): rich (only tables need it; `tangram status -o json` does
 # not) and tangram.protocol (~0.1 s; the bootstrap loads this module too).
 
 KNOWN_SECTIONS = ("nodes", "services", "apis", "jobs", "queue")
 DOWN = ("down", "unreach", "lost", "gone", "dead", "failed")  # failed: `up` could not bootstrap it
-
-
-# ---------------------------------------------------------------- readers
-
-
-def rows(records: Mapping[str, Any] | None, section: str) -> list[dict[str, Any]]:
-    """The rows of a section, whatever shape it came in (list, {"rows": [...]}, {name: row})."""
-    if not records:
-        return []
-    raw = records.get(section)
-    if isinstance(raw, dict) and isinstance(raw.get("rows"), list):
-        raw = raw["rows"]
-    if isinstance(raw, dict):
-        out = []
-        for k, v in raw.items():
-            if isinstance(v, dict):
-                out.append({"name": k, **v})
-        return out
-    if isinstance(raw, list):
-        return [r for r in raw if isinstance(r, dict)]
-    return []
-
-
-def first(row: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
-    for k in keys:
-        if k in row and row[k] is not None:
-            return row[k]
-    return default
 
 
 def node_name(row: Mapping[str, Any]) -> str:
@@ -67,8 +44,8 @@ def node_state(row: Mapping[str, Any]) -> str:
     alive = first(row, "alive", "healthy", "registered")
     if alive is False:
         return "down*"
-    used, total = _num(first(row, "cpus_used", "cpus_alloc")), _num(first(row, "cpus_total"))
-    gb, gt = _num(first(row, "gpus_busy")), _num(first(row, "gpus_total"))
+    used, total = num(first(row, "cpus_used", "cpus_alloc")), num(first(row, "cpus_total"))
+    gb, gt = num(first(row, "gpus_busy")), num(first(row, "gpus_total"))
     if used is None and gb is None:
         return "up"
     busy = (used or 0) + (gb or 0)
@@ -86,80 +63,19 @@ def healthy(row: Mapping[str, Any]) -> bool:
     return not s.endswith("*") and not s.startswith(DOWN)
 
 
-def _num(v: Any) -> float | None:
-    return v if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def _frac(a: Any, b: Any, unit: str = "") -> str:
-    if _num(a) is None and _num(b) is None:
-        return "-"
-    fa = "-" if _num(a) is None else _short(a)
-    fb = "-" if _num(b) is None else _short(b)
-    return f"{fa}/{fb}{unit}"
-
-
-def _short(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else f"{v:.1f}"
-
-
-def mib(v: Any) -> str:
-    n = _num(v)
-    if n is None:
-        return "-"
-    if n >= 1024:
-        g = n / 1024
-        return f"{g:.0f}GiB" if g >= 10 or g.is_integer() else f"{g:.1f}GiB"
-    return f"{n:.0f}MiB"
-
-
-def seconds(v: Any) -> str:
-    n = _num(v)
-    if n is None:
-        return "-"
-    if n < 1:
-        return f"{n * 1000:.0f}ms"
-    if n < 60:
-        return f"{n:.1f}s"
-    return duration(n)
-
-
-def duration(s: float) -> str:
-    s = int(max(0, s))
-    d, rem = divmod(s, 86400)
-    h, rem = divmod(rem, 3600)
-    m, sec = divmod(rem, 60)
-    if d:
-        return f"{d}d{h}h"
-    if h:
-        return f"{h}h{m:02d}m"
-    if m:
-        return f"{m}m{sec:02d}s"
-    return f"{sec}s"
-
-
-def _listish(v: Any) -> str:
-    if v is None or v == [] or v == "":
-        return "-"
-    if isinstance(v, list | tuple):
-        return ",".join(str(x) for x in v)
-    return str(v)
-
-
 # ---------------------------------------------------------------- columns
-
-Col = tuple[str, Callable[[Mapping[str, Any]], str]]
 
 
 def _gpu_mem(r: Mapping[str, Any]) -> str:
     used = first(r, "gpu_mem_used_mib")
     total = first(r, "gpu_mem_total_mib")
     if isinstance(used, list):
-        used = sum(x for x in used if _num(x) is not None)
+        used = sum(x for x in used if num(x) is not None)
     if isinstance(total, list):
-        total = sum(x for x in total if _num(x) is not None)
+        total = sum(x for x in total if num(x) is not None)
     if total is None:
-        per = _num(first(r, "gpu_mem_mib"))
-        n = _num(first(r, "gpus_total"))
+        per = num(first(r, "gpu_mem_mib"))
+        n = num(first(r, "gpus_total"))
         total = per * n if per is not None and n else None
     if not first(r, "gpus_total"):
         return "-"
@@ -169,7 +85,7 @@ def _gpu_mem(r: Mapping[str, Any]) -> str:
 NODE_COLS: list[Col] = [
     ("ROLE", lambda r: str(first(r, "role", default="-"))),
     ("STATE", node_state),
-    ("CPUS(a/t)", lambda r: _frac(first(r, "cpus_used", "cpus_alloc"), first(r, "cpus_total"))),
+    ("CPUS(a/t)", lambda r: frac(first(r, "cpus_used", "cpus_alloc"), first(r, "cpus_total"))),
     (
         "MEM(r/t)",
         lambda r: (
@@ -180,36 +96,60 @@ NODE_COLS: list[Col] = [
     ),
     (
         "GPUS(b/t)",
-        lambda r: "-" if not first(r, "gpus_total") else _frac(first(r, "gpus_busy"), first(r, "gpus_total")),
+        lambda r: "-" if not first(r, "gpus_total") else frac(first(r, "gpus_busy"), first(r, "gpus_total")),
     ),
     ("GPU MEM(u/t)", _gpu_mem),
     (
         "SANDBOXES(busy/open)",
         lambda r: (
-            _frac(first(r, "sandboxes_busy", "busy"), first(r, "sandboxes", "open"))
+            frac(first(r, "sandboxes_busy", "busy"), first(r, "sandboxes", "open"))
             if first(r, "sandboxes_busy", "busy") is not None
-            else _listish(first(r, "sandboxes"))
+            else listish(first(r, "sandboxes"))
         ),
     ),
-    ("RESIDENT", lambda r: _listish(first(r, "resident"))),
+    ("RESIDENT", lambda r: listish(first(r, "resident"))),
     ("HEARTBEAT", lambda r: seconds(first(r, "heartbeat_age_s", "heartbeat_s", "last_seen_s"))),
     ("REASON", lambda r: str(first(r, "reason", default="-") or "-")),
 ]
+POOL_COL: Col = ("POOL(idle/target)", lambda r: pool_cell(r))  # after SANDBOXES, on clusters with pools
 NODE_WIDE: list[Col] = [
     ("ADDRESS", lambda r: str(first(r, "address", "hostname", default="-"))),
     ("VERSION", lambda r: str(first(r, "version", default="-"))),
     ("EXECUTOR", lambda r: str(first(r, "executor", default="-"))),
-    ("NUMA", lambda r: _listish(first(r, "numa"))),
-    ("GPU UUIDS", lambda r: _listish(first(r, "gpu_uuids"))),
+    ("NUMA", lambda r: listish(first(r, "numa"))),
+    ("GPU UUIDS", lambda r: listish(first(r, "gpu_uuids"))),
 ]
+
+
+def has_pool(row: Mapping[str, Any]) -> bool:
+    """A node keeps a warm sandbox pool: its controller sends it a target, or it holds idle ones."""
+    return bool(num(first(row, "pool_target")) or num(first(row, "pool_idle")))
+
+
+def pool_cell(row: Mapping[str, Any]) -> str:
+    """``2/4``: idle warm sandboxes ready now over the node's target (all shapes); ``-`` without a pool."""
+    if not has_pool(row):
+        return "-"
+    return frac(first(row, "pool_idle", default=0), first(row, "pool_target", default=0))
+
+
+def node_cols(nodes: list[dict[str, Any]], *, wide: bool) -> list[Col]:
+    """NODES columns: POOL only when one of ``nodes`` keeps a pool (no empty column without pools)."""
+    cols = list(NODE_COLS)
+    if any(has_pool(r) for r in nodes):
+        at = next(i for i, c in enumerate(cols) if c[0].startswith("SANDBOXES")) + 1
+        cols.insert(at, POOL_COL)
+    return cols + (NODE_WIDE if wide else [])
+
+
 SERVICE_COLS: list[Col] = [
     ("SERVICE", lambda r: str(first(r, "service", "name", default="?"))),
     ("RUNTIME", lambda r: str(first(r, "runtime", default="-"))),
-    ("CHUNK", lambda r: _listish(first(r, "chunk_sizes", "chunk"))),
+    ("CHUNK", lambda r: listish(first(r, "chunk_sizes", "chunk"))),
     ("STATE", lambda r: str(first(r, "state", default="-"))),
-    ("RESIDENT", lambda r: _listish(first(r, "resident"))),
-    ("INFLIGHT", lambda r: _listish(first(r, "in_flight", "inflight"))),
-    ("QUEUE", lambda r: _listish(first(r, "queued", "queue"))),
+    ("RESIDENT", lambda r: listish(first(r, "resident"))),
+    ("INFLIGHT", lambda r: listish(first(r, "in_flight", "inflight"))),
+    ("QUEUE", lambda r: listish(first(r, "queued", "queue"))),
     ("LOAD", lambda r: seconds(first(r, "load_s"))),
     (
         "P50/P99",
@@ -224,15 +164,15 @@ API_COLS: list[Col] = [
     ("API", lambda r: str(first(r, "api", "name", default="?"))),
     ("MODE", lambda r: str(first(r, "mode", default="-"))),
     ("USED/LIMIT", lambda r: _api_use(r)),
-    ("INFLIGHT", lambda r: _listish(first(r, "in_flight", "inflight"))),
-    ("QUEUE", lambda r: _listish(first(r, "queued", "queue"))),
-    ("REJECTED(5m)", lambda r: _listish(first(r, "rejected", "rejected_5m"))),
+    ("INFLIGHT", lambda r: listish(first(r, "in_flight", "inflight"))),
+    ("QUEUE", lambda r: listish(first(r, "queued", "queue"))),
+    ("REJECTED(5m)", lambda r: listish(first(r, "rejected", "rejected_5m"))),
 ]
 
 
 def _of(used: Any, limit: Any) -> str:
     """``120/500`` against a limit; just ``120`` where the limit is 0 (none)."""
-    return _frac(used, limit) if _num(limit) else _listish(used)
+    return frac(used, limit) if num(limit) else listish(used)
 
 
 # One row per key of an API's pool (``apis[].keys``: names and counts, never a secret): leases held,
@@ -243,9 +183,9 @@ KEY_COLS: list[Col] = [
     ("INFLIGHT", lambda r: _of(first(r, "in_flight"), first(r, "concurrency"))),
     ("REQ/MIN", lambda r: _of(first(r, "rpm_used"), first(r, "rpm"))),
     ("TOKENS/MIN", lambda r: _of(first(r, "tpm_used"), first(r, "tpm"))),
-    ("COOLDOWN", lambda r: seconds(c) if (c := _num(first(r, "cooling_s"))) else "-"),
-    ("GRANTED", lambda r: _listish(first(r, "granted"))),
-    ("429S", lambda r: _listish(first(r, "limited"))),
+    ("COOLDOWN", lambda r: seconds(c) if (c := num(first(r, "cooling_s"))) else "-"),
+    ("GRANTED", lambda r: listish(first(r, "granted"))),
+    ("429S", lambda r: listish(first(r, "limited"))),
 ]
 
 
@@ -264,13 +204,13 @@ def _api_use(r: Mapping[str, Any]) -> str:
     in the current period, quota mode) or ``3 in flight (per-key limits)`` (a key pool alone)."""
     mode, limit = first(r, "mode"), first(r, "limit")
     if limit == 0 and r.get("keys"):  # a key pool without an API-wide limit: the KEYS table has them
-        return f"{_listish(first(r, 'in_flight', 'inflight'))} in flight (per-key limits)"
+        return f"{listish(first(r, 'in_flight', 'inflight'))} in flight (per-key limits)"
     if mode == "quota":
-        period = _num(first(r, "period_s"))
-        return f"{_listish(first(r, 'used'))}/{_listish(limit)} per {period_text(period) if period else '?'}"
+        period = num(first(r, "period_s"))
+        return f"{listish(first(r, 'used'))}/{listish(limit)} per {period_text(period) if period else '?'}"
     if mode == "concurrency":
-        return f"{_listish(first(r, 'in_flight', 'inflight'))}/{_listish(limit)} concurrent"
-    return _frac(first(r, "used", "in_flight", "inflight"), limit)
+        return f"{listish(first(r, 'in_flight', 'inflight'))}/{listish(limit)} concurrent"
+    return frac(first(r, "used", "in_flight", "inflight"), limit)
 
 
 def period_text(s: float) -> str:
@@ -286,129 +226,23 @@ def period_text(s: float) -> str:
 
 def _held(r: Mapping[str, Any], unit: str) -> str:
     """``12 (25%)``: units a job holds now and its share of the cluster's."""
-    n, share = first(r, unit, default=0), _num(first(r, f"{unit}_share"))
-    return f"{n} ({share:.0%})" if n and share is not None else _listish(n)
+    n, share = first(r, unit, default=0), num(first(r, f"{unit}_share"))
+    return f"{n} ({share:.0%})" if n and share is not None else listish(n)
 
 
 JOB_COLS: list[Col] = [
     ("JOB", lambda r: str(first(r, "job", default="") or "(default)")),
-    ("WEIGHT", lambda r: f"{_num(first(r, 'weight')) or 1:g}"),
-    ("CLIENTS", lambda r: _listish(first(r, "clients"))),
-    ("QUEUE", lambda r: _listish(first(r, "queued"))),
+    ("WEIGHT", lambda r: f"{num(first(r, 'weight')) or 1:g}"),
+    ("CLIENTS", lambda r: listish(first(r, "clients"))),
+    ("QUEUE", lambda r: listish(first(r, "queued"))),
     ("CORES(share)", lambda r: _held(r, "cores")),
     ("GPUS(share)", lambda r: _held(r, "gpus")),
     ("API", lambda r: " ".join(f"{k}={v}" for k, v in (first(r, "api_in_flight") or {}).items() if v) or "-"),
-    ("CORE-S", lambda r: f"{_num(first(r, 'core_s')) or 0:,.0f}"),
-    ("GPU-S", lambda r: f"{_num(first(r, 'gpu_s')) or 0:,.0f}"),
+    ("CORE-S", lambda r: f"{num(first(r, 'core_s')) or 0:,.0f}"),
+    ("GPU-S", lambda r: f"{num(first(r, 'gpu_s')) or 0:,.0f}"),
     ("CAPS", lambda r: " ".join(f"{k}={v}" for k, v in (first(r, "caps") or {}).items()) or "-"),
 ]
 
-
-QUEUE_COLS: list[Col] = [
-    ("ACTION", lambda r: str(first(r, "action_id", "action", "id", default="?"))),
-    ("CLIENT", lambda r: client_label(r)),
-    ("SANDBOX", lambda r: str(first(r, "sandbox", default="") or "-")),
-    ("KIND", lambda r: str(first(r, "kind", default="-"))),
-    ("ST", lambda r: _st(first(r, "st", "state", "status", default="PD"))),
-    ("TIME", lambda r: seconds(first(r, "run_s", "waited_s", "wait_s"))),
-    ("RESOURCES", lambda r: _resources(r)),
-    ("NODE(REASON)", lambda r: str(first(r, "node", default="") or reason_text(r))),
-]
-RUNNING_SHOWN = 10  # running actions listed by default (-a / -o wide: every row fetched)
-
-
-def client_label(r: Mapping[str, Any]) -> str:
-    """A client as status names it: its name (the CURVE key's name, then the Hello's when they differ)
-    and its short tag; just the tag without a name. Never a whole identity (sessions.py)."""
-    tag = str(first(r, "client", default="") or "")
-    if len(tag) > 8 and all(c in "0123456789abcdef" for c in tag.lower()):
-        tag = tag[:6]  # an older controller's full client key: the tag is its first 6 digits
-    owner, name = str(first(r, "owner", default="") or ""), str(first(r, "name", default="") or "")
-    label = f"{owner}/{name}" if owner and name and owner != name else owner or name
-    if not label:
-        return tag or "-"
-    return f"{label} ({tag})" if tag else label
-
-
-# the core's wait codes (tangram/core/status.py) as status shows them: "unschedulable" there means
-# "the resources exist but are busy: wait"; only "unresolvable" means it can never fit
-_REASON_WORDS = {
-    "busy": "waiting",
-    "unschedulable": "waiting",
-    "never_fits": "unschedulable",
-    "unresolvable": "unschedulable",
-    "error": "error",
-}
-
-
-def reason_code(r: Mapping[str, Any]) -> str:
-    """``pending``, ``busy``, ``never_fits`` or ``error``: the record's ``reason_code``, else read from an
-    older controller's ``reason`` ("unschedulable; cpus: ..."); "" when it says none."""
-    code = first(r, "reason_code")
-    if isinstance(code, str) and code:
-        return code
-    head = str(first(r, "reason", default="") or "").split(";", 1)[0].strip()
-    codes = {"unschedulable": "busy", "unresolvable": "never_fits", "error": "error", "admitted": "pending"}
-    return codes.get(head, "pending" if head == "pending" else "")
-
-
-def reason_text(r: Mapping[str, Any]) -> str:
-    """Why a waiting action waits: ``waiting (cpus: requested 4, free 0 of 12 on local)``; only an action
-    no node could ever hold reads ``unschedulable (...)``."""
-    code = reason_code(r)
-    text = str(first(r, "reason", default="") or "")
-    head, _, rest = text.partition(";")
-    if head.strip() in ("unschedulable", "unresolvable", "error", "pending", "admitted"):
-        text = rest.strip()
-    if not code:
-        return text or "-"
-    if code == "pending":
-        return "pending" + (f" ({text})" if text else "")
-    word = _REASON_WORDS.get(code, code)
-    return f"{word} ({text})" if text else word
-
-
-def _resources(r: Mapping[str, Any]) -> str:
-    """A running action's grant (``cores 0-3``, ``gpus 0,1``, ``1 unit``), else the demand it waits with."""
-    grant = first(r, "grant")
-    if grant is None or grant == []:
-        return str(first(r, "demand", default="-") or "-")
-    kind = first(r, "kind")
-    if isinstance(grant, list) and kind in ("exec", "call"):
-        ids = [g for g in grant if isinstance(g, int) and not isinstance(g, bool) and g >= 0]
-        listed = format_cpulist(sorted(set(ids))) if len(ids) == len(grant) else _listish(grant)
-        return f"{'cores' if kind == 'exec' else 'gpus'} {listed}"
-    if _num(grant) is not None:
-        return f"{_short(grant)} unit{'s' if grant != 1 else ''}"
-    return _listish(grant)
-
-
-def action_rows(records: Mapping[str, Any], *, wide: bool) -> tuple[list[dict[str, Any]], str]:
-    """Running actions (at most RUNNING_SHOWN unless ``wide``) then waiting ones, as squeue lists
-    them; and a line on what is not shown ("" when everything is)."""
-    running = rows(records, "actions")
-    waiting = rows(records, "queue")
-    shown = running if wide else running[:RUNNING_SHOWN]
-    meta = records.get("cluster") if isinstance(records.get("cluster"), dict) else {}
-    n_running = _num(first(meta, "running"))
-    n_waiting = _num(first(meta, "queue", "queued"))
-    more_r = max(0, int(n_running if n_running is not None else len(running)) - len(shown))
-    more_w = max(0, int(n_waiting if n_waiting is not None else len(waiting)) - len(waiting))
-    parts = []
-    if more_r:
-        parts.append(f"{more_r} more running")
-    if more_w:
-        parts.append(f"{more_w} more waiting")
-    note = ""
-    if parts:
-        how = "-a shows every row fetched, --limit N fetches more" if not wide else "--limit N fetches more"
-        note = f"... and {', '.join(parts)} ({how})"
-    return [*shown, *waiting], note
-
-
-def _st(v: Any) -> str:
-    s = str(v)
-    return "PD" if s in ("pending", "waiting") or s.startswith(("unschedulable", "admitted")) else s[:12]
 
 
 # ---------------------------------------------------------------- summary
@@ -425,22 +259,22 @@ def summary(
             meta.update(records[key])
     nodes = rows(records, "nodes")
     queue = rows(records, "queue")
-    uptime = _num(first(meta, "uptime_s"))
+    uptime = num(first(meta, "uptime_s"))
     if uptime is None and state is not None and getattr(state, "started_at", 0):
         uptime = now - state.started_at
-    qlen = _num(first(meta, "queue", "queued", "queue_len")) if meta else None
+    qlen = num(first(meta, "queue", "queued", "queue_len")) if meta else None
     if qlen is None:
-        qlen = _num(records.get("queued"))
+        qlen = num(records.get("queued"))
     if qlen is None:
         qlen = len(queue)
-    running = _num(first(meta, "running")) if meta else None
+    running = num(first(meta, "running")) if meta else None
     if running is None:
         running = len(rows(records, "actions"))
-    p50 = _num(first(meta, "wait_p50_s", "p50_wait_s"))
+    p50 = num(first(meta, "wait_p50_s", "p50_wait_s"))
     if p50 is None:
-        p50 = _num(records.get("wait_p50_s"))
+        p50 = num(records.get("wait_p50_s"))
     if p50 is None:
-        waits = sorted(w for r in queue if (w := _num(first(r, "waited_s", "wait_s"))) is not None)
+        waits = sorted(w for r in queue if (w := num(first(r, "waited_s", "wait_s"))) is not None)
         p50 = waits[len(waits) // 2] if waits else None
     proto = first(meta, "proto", "protocol")
     if proto is None:
@@ -493,7 +327,7 @@ def collapse_nodes(nodes: Iterable[Mapping[str, Any]], cols: list[Col]) -> list[
                 ages = [
                     a
                     for r in rows_
-                    if (a := _num(first(r, "heartbeat_age_s", "heartbeat_s", "last_seen_s"))) is not None
+                    if (a := num(first(r, "heartbeat_age_s", "heartbeat_s", "last_seen_s"))) is not None
                 ]
                 cells.append(seconds(max(ages)) if ages else "-")
             else:
@@ -516,7 +350,7 @@ def tables(
         nodes = rows(records, "nodes")
         if unhealthy_only:
             nodes = [r for r in nodes if not healthy(r)]
-        cols = NODE_COLS + (NODE_WIDE if wide else [])
+        cols = node_cols(nodes, wide=wide)
         if nodes:
             out.append(("NODES", ["NODE", *[c[0] for c in cols]], collapse_nodes(nodes, cols)))
     for name, cols in (("services", SERVICE_COLS), ("apis", API_COLS)):
@@ -546,7 +380,7 @@ def tables(
                     (
                         name.upper(),
                         [k.upper() for k in keys],
-                        [[_listish(r.get(k)) for k in keys] for r in rs_],
+                        [[listish(r.get(k)) for k in keys] for r in rs_],
                     )
                 )
     return out

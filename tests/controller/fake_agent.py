@@ -57,6 +57,7 @@ class FakeAgent:
     curve: Any = None  # tangram.certs.CurveKeys: connect as a CURVE client (tests/security)
     facts_extra: dict[str, Any] = field(default_factory=dict)  # more Hello facts (e.g. `pool`)
     pool_targets: list[tuple[str, int, int]] = field(default_factory=list)  # SandboxPool: (image, mem, count)
+    load: dict[str, Any] = field(default_factory=dict)  # what its heartbeats carry (e.g. `pool_idle`)
     _procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     _killed: set[str] = field(default_factory=set)
     _task: asyncio.Task[None] | None = None
@@ -129,7 +130,7 @@ class FakeAgent:
                 recv = asyncio.ensure_future(self.sock.recv_multipart())
             done, _ = await asyncio.wait({recv}, timeout=self.heartbeat_s)
             if time.monotonic() - last >= self.heartbeat_s and not self.mute:
-                await self.sock.send_multipart(p.encode(p.Heartbeat(), 0))
+                await self.sock.send_multipart(p.encode(p.Heartbeat(dict(self.load)), 0))
                 last = time.monotonic()
             if recv in done:
                 frames = recv.result()

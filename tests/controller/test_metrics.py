@@ -279,3 +279,65 @@ def test_recording_counts_every_exec_once() -> None:
     for i in range(n):
         m.on_commands([cmd.Done(f"x{i}", True)], 0.7)
     assert m.finished["exec"]["ok"] == n and m.wait["exec"].count == n
+
+
+KEY_SECRETS = {"TG_METRICS_KEY_A": "sk-metrics-aaaa-7373", "TG_METRICS_KEY_B": "sk-metrics-bbbb-8484"}
+KEYED_APIS = [
+    {
+        "name": "llm",
+        "keys": [
+            {"name": "a", "key_env": "TG_METRICS_KEY_A", "rpm": 10, "tpm": 10_000, "concurrency": 2},
+            {"name": "b", "key_env": "TG_METRICS_KEY_B", "rpm": 5},
+        ],
+    }
+]
+KEY_SERIES = (
+    "tangram_api_key_minute_requests",
+    "tangram_api_key_minute_tokens",
+    "tangram_api_key_leases_in_flight",
+    "tangram_api_key_leases_granted_total",
+    "tangram_api_key_rate_limited_total",
+    "tangram_api_key_cooling",
+)
+
+
+async def scrape_keys(c: Controller) -> tuple[dict[str, tuple[float, ...]], str]:
+    """Each key's series (in KEY_SERIES order) by key name, and the whole scrape's text."""
+    status, _, body = await asyncio.to_thread(fetch, c.ready_info()["metrics_addr"])
+    assert status == 200
+    out: Samples = {}
+    for fam in text_string_to_metric_families(body):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    keys = {labels["key"] for name in KEY_SERIES for labels in series(out, name)}
+    return {k: tuple(value(out, name, api="llm", key=k) for name in KEY_SERIES) for k in sorted(keys)}, body
+
+
+async def test_api_key_pool_series_per_key_and_never_a_secret(metered, monkeypatch) -> None:
+    for name, secret in KEY_SECRETS.items():
+        monkeypatch.setenv(name, secret)
+    c = await metered(apis=KEYED_APIS)
+    before, _ = await scrape_keys(c)
+    assert before == {"a": (0, 0, 0, 0, 0, 0), "b": (0, 0, 0, 0, 0, 0)}  # every key, before any lease
+    bodies = []
+    async with tangram.AsyncClient(c.submit_addr, name="keys") as tg:
+        lease = await tg.api("llm", timeout=5, tokens=1000).acquire()
+        assert (lease.key_name, lease.key) == ("a", KEY_SECRETS["TG_METRICS_KEY_A"])  # the most headroom: a
+        held, body = await scrape_keys(c)
+        bodies.append(body)
+        # a: one request and its 1000-token charge in the minute, one lease in flight, granted once
+        assert held == {"a": (1, 1000, 1, 1, 0, 0), "b": (0, 0, 0, 0, 0, 0)}
+        lease.report(tokens=400, rate_limited=True, reset_s=30)  # the provider answered 429
+        await lease.release()
+        want = {"a": (1, 400, 0, 1, 1, 1), "b": (0, 0, 0, 0, 0, 0)}  # the report replaced the charge
+        for _ in range(200):
+            after, body = await scrape_keys(c)
+            if after == want:
+                break
+            await asyncio.sleep(0.02)
+        bodies.append(body)
+        assert after == want
+    for body in bodies:
+        assert 'key="a"' in body
+        for secret in KEY_SECRETS.values():
+            assert secret not in body and secret[:12] not in body
