@@ -163,6 +163,7 @@ class _Sandbox:
     sweepable: bool = False  # the container's init runs as the keeper: docker_sweep may kill all of `user`
     procs_dir: str | None = None  # the container's own cgroup, where docker_sweep looks (None: cannot)
     dirty: bool = False  # a docker exec ran since the last sweep
+    destroying: bool = False  # destroy_sandbox has begun: a job whose spawner goes reads as killed
 
     def __post_init__(self) -> None:
         if self.cg is not None:
@@ -337,6 +338,8 @@ class DockerExecutor:
 
     async def destroy_sandbox(self, sandbox: str) -> None:
         sb = self._sandboxes.pop(check_name("sandbox", sandbox), None)
+        if sb is not None:
+            sb.destroying = True
         if sb is not None and sb.spawner is not None:  # it sits in the container's cgroups: out first
             await sb.spawner.close()
         if sb is not None and sb.slots is not None:

@@ -25,7 +25,7 @@ from typing import Any
 from . import fastpath
 from .base import RunRequest, RunResult, exit_status, expand_dop, format_cpuset
 from .spawn import ChildIO, ExitWatch, kill_group, spawn_pinned
-from .spawner import Job, Spawner
+from .spawner import Job, Spawner, SpawnerLost
 
 KILL_GRACE_S = 5.0
 SHELL = "/bin/sh"
@@ -97,10 +97,25 @@ async def run_spawned(req: RunRequest, act: FastAction, sb: Any, t0: float) -> R
         if act.killed:  # a Kill that came while the request was being sent
             act.kill_now()
         setup_s = time.monotonic() - t0
-        code = exit_status(await act.job.exit)
+        code = await _exit_code(act, sb)
     finally:
         await _end(act, io)  # the output is complete only after this
     return _result(req, io, code, act.timed_out, act, t0, setup_s)
+
+
+async def _exit_code(act: FastAction, sb: Any) -> int:
+    """The spawned job's exit status. Its spawner gone before it reported the exit while the
+    action was being killed with its sandbox (the controller sends a Kill and the sandbox's
+    destroy when it closes, and the destroy may come first): a killed action, not an error.
+    Otherwise (the spawner died under a live sandbox) ``SpawnerLost`` stands."""
+    assert act.job is not None
+    try:
+        return exit_status(await act.job.exit)
+    except SpawnerLost:
+        if not (act.killed or sb.destroying):
+            raise
+        act.killed = True
+        return 137
 
 
 async def run_nsenter(req: RunRequest, act: FastAction, sb: Any, t0: float) -> RunResult:

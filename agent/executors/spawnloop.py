@@ -146,6 +146,8 @@ class Server:
             data, fds = recv_fds(self.sock)
         except BlockingIOError:
             return
+        except ConnectionError:  # the agent died (kill -9): like EOF, quietly
+            raise SystemExit(0) from None
         if not data:
             raise SystemExit(0)
         try:

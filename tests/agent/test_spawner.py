@@ -132,3 +132,19 @@ async def test_slots_are_reused_and_left_empty(ex, busybox_image, test_labels):
             assert f.read().strip() == ""  # a free slot never stands in the way of the container's cpuset
         with open(os.path.join(sb.cg.cpuset, slot, "cgroup.procs")) as f:
             assert f.read().strip() == ""
+
+
+async def test_an_action_running_when_its_sandbox_is_destroyed_reads_as_killed(ex, busybox_image, test_labels):
+    """The controller sends Kill and DestroySandbox when a sandbox closes; the destroy may come
+    first and close the spawner before it reports the exit: a killed action, not an error."""
+    sb = await make(ex, busybox_image, test_labels)
+    task = asyncio.ensure_future(ex.run(req("sleep 100", timeout_s=30)))
+    for _ in range(250):
+        if sb.active:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)
+    await ex.destroy_sandbox("s1")
+    r = await asyncio.wait_for(task, 10)
+    assert r.killed and r.exit_code == 137, r
+    assert _host_sleepers(sb.cid, b"100") == []
