@@ -4,10 +4,10 @@ Without an inventory (no argument, no ``-i``, no ``TANGRAM_INVENTORY``) it start
 default: controller plus one agent on this machine (bootstrap/local.py), with warm sandbox pools and
 RL jobs when ``--sandbox-pool``/``--job`` ask (bootstrap/local_flags.py). With one it bootstraps
 every host over SSH (bootstrap/remote.py). A controller that died is restarted in place, on its
-recorded ports (bootstrap/restart.py). A running local cluster is kept; flags that differ from
-what it was started with are an error (exit 1) naming each one, unless ``--replace`` asks for a
-fresh cluster. Exit codes: 0 up, 1 failed, 2 bad inventory or usage, 3 some hosts failed (with
-``--allow-partial``).
+recorded ports and settings (bootstrap/restart.py). A running local cluster is kept; flags that
+differ from what it was started with are an error (exit 1) naming each one, unless ``--replace`` asks
+for a fresh cluster; so are they when its controller died, rather than ignored by the restart. Exit
+codes: 0 up, 1 failed, 2 bad inventory or usage, 3 some hosts failed (with ``--allow-partial``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from click.core import ParameterSource
 from tangram.errors import ConfigError, TangramError
 from tangram_cli import keys
 from tangram_cli import state as st
-from tangram_cli.bootstrap import bundle, local, local_flags, plan
+from tangram_cli.bootstrap import bundle, local, local_flags, plan, restart
 from tangram_cli.bootstrap.local import security_line
-from tangram_cli.bootstrap.local_flags import LocalExtras
+from tangram_cli.bootstrap.local_flags import LocalExtras, PoolFlag
 from tangram_cli.commands.down import down_cluster
 from tangram_cli.inventory import load_inventory, parse_size_mib, preflight
 from tangram_cli.params import Duration, output_option, verbosity
@@ -135,12 +135,12 @@ def print_ready(
 @click.option(
     "--sandbox-pool",
     "sandbox_pool",
-    type=int,
-    default=0,
+    default="0",
     show_default=True,
-    metavar="N",
+    metavar="N[,mem=SHARE]",
     help="Local default: warm sandbox pools, up to N created idle sandboxes per node and sandbox shape, "
-    "sized from recent opens (the controller's `sandbox_pool` with max N); 0: off. Docker executor only.",
+    "sized from recent opens, holding at most SHARE of the node's memory (0.5, 50% or 6GiB; default 25%) "
+    "(the controller's `sandbox_pool` with max N, mem_fraction SHARE); 0: off. Docker executor only.",
 )
 @click.option(
     "--job",
@@ -169,7 +169,7 @@ def command(
     gpus: int | None,
     gpu_mem: str | None,
     curve: bool,
-    sandbox_pool: int,
+    sandbox_pool: str,
     jobs: tuple[str, ...],
     output: str,
 ) -> None:
@@ -179,7 +179,8 @@ def command(
     `export TANGRAM_ADDR=...` line rollout jobs need. Re-running it on a running cluster
     changes nothing but starting dead agents again (flags that differ from the running
     cluster's are an error: `--replace` starts it afresh); after a controller crash it restarts
-    the controller on the same ports (running agents and clients reconnect to it).
+    the controller on the same ports and with the same settings (running agents and clients
+    reconnect to it; flags that differ from those settings are an error too).
     """
     if inventory and inventory_opt and inventory != inventory_opt:
         raise click.UsageError("give the inventory once: as an argument or with -i")
@@ -194,7 +195,7 @@ def command(
         view = {"output": output, "verbose": verbose, "quiet": quiet > 0}
         sys.exit(_up_inventory(path, dry_run, replace, foreground, options, view))
     extras = _extras(executor, sandbox_pool, jobs)
-    local_values.update(sandbox_pool=extras.sandbox_pool, jobs=extras.jobs)
+    local_values.update(sandbox_pool=extras.pool, jobs=extras.jobs)
     if dry_run:
         _local_dry_run(curve, extras)
         return
@@ -267,14 +268,14 @@ LOCAL_ONLY = {
     "executor": ("--executor", "`executor:` per group or host"),
     "gpus": ("--gpus", "`gpus:` (with `emulated_gpus: true`) per group or host"),
     "gpu_mem": ("--gpu-mem", "`gpu_mem:` per group or host"),
-    "sandbox_pool": ("--sandbox-pool", "`sandbox_pool: {max: N}`"),
+    "sandbox_pool": ("--sandbox-pool", "`sandbox_pool: {max: N, mem_fraction: F}`"),
     "jobs": ("--job", "`jobs: {NAME: {weight: W, caps: {...}}}`"),
 }
 
 
-def _extras(executor: str, sandbox_pool: int, jobs: tuple[str, ...]) -> LocalExtras:
+def _extras(executor: str, sandbox_pool: str, jobs: tuple[str, ...]) -> LocalExtras:
     """``--sandbox-pool`` and ``--job``, checked (ConfigError, exit 2, naming the flag and the fix)."""
-    extras = LocalExtras(local_flags.check_pool(sandbox_pool), local_flags.parse_job_flags(jobs))
+    extras = LocalExtras(local_flags.parse_pool_flag(sandbox_pool), local_flags.parse_job_flags(jobs))
     if extras.sandbox_pool and executor == "process":
         raise ConfigError(
             f"--sandbox-pool {sandbox_pool} with --executor process: the process executor keeps no warm "
@@ -324,44 +325,54 @@ def _recorded_gpus(text: str) -> tuple[int, int | None]:
     return 0, None
 
 
-def differences(state: st.ClusterState, wanted: dict[str, object]) -> list[str]:
-    """The given flags that differ from what the running cluster was started with, each as
-    ``--gpus 4 (running: 2 emulated x 16GiB)``."""
+def differences(state: st.ClusterState, wanted: dict[str, object], was: str = "running") -> list[str]:
+    """The given flags that differ from what the cluster was started with, each as
+    ``--gpus 4 (running: 2 emulated x 16GiB)`` (``was``: that word)."""
     out = []
     executor = wanted.get("executor")
     if executor not in (None, "auto") and executor != state.executor:
-        out.append(f"--executor {executor} (running: {state.executor or 'unknown'})")
+        out.append(f"--executor {executor} ({was}: {state.executor or 'unknown'})")
     emulated, gib = _recorded_gpus(state.gpus)
     gpus = wanted.get("gpus")
     if gpus is not None and gpus != emulated:
-        out.append(f"--gpus {gpus} (running: {state.gpus or 'none'})")
+        out.append(f"--gpus {gpus} ({was}: {state.gpus or 'none'})")
     gpu_mem = wanted.get("gpu_mem")
     if gpu_mem is not None and (gpus or emulated) and _gpu_mem(str(gpu_mem)) // 1024 != gib:
-        out.append(f"--gpu-mem {gpu_mem} (running: {state.gpus or 'none'})")
+        out.append(f"--gpu-mem {gpu_mem} ({was}: {state.gpus or 'none'})")
     curve = wanted.get("curve")
     if curve is not None and bool(curve) != bool(state.certs):
-        out.append("--curve (running: --insecure, plain TCP)" if curve else "--insecure (running: CURVE)")
+        out.append(f"--curve ({was}: --insecure, plain TCP)" if curve else f"--insecure ({was}: CURVE)")
     if "sandbox_pool" in wanted or "jobs" in wanted:  # what runs: its controller.json
-        out += local_flags.differences(local_flags.recorded(state.name) or LocalExtras(), wanted)
+        out += local_flags.differences(local_flags.recorded(state.name) or LocalExtras(), wanted, was)
     return out
 
 
-def _running_line(state: st.ClusterState) -> str:
+def _settings(state: st.ClusterState) -> str:
+    """``executor process, gpus 1 emulated x 1GiB, CURVE, jobs train=3``: what the cluster was started
+    with (its state record and its ``controller.json``)."""
     security = "CURVE" if state.certs else "plain TCP (--insecure)"
     extras = local_flags.recorded(state.name) or LocalExtras()
-    more = f", sandbox pools up to {extras.sandbox_pool}" if extras.sandbox_pool else ""
+    more = ""
+    if extras.sandbox_pool:
+        more = f", sandbox pools up to {extras.sandbox_pool}"
+        more += f" (mem {local_flags.percent(extras.pool.mem_fraction)})"
     if extras.jobs:
         more += f", jobs {' '.join(local_flags.job_word(j) for j in extras.jobs)}"
-    return (
-        f"cluster {state.name} already running since {since(state.started_at)}, with executor "
-        f"{state.executor or '?'}, gpus {state.gpus or 'none'}, {security}{more}"
-    )
+    return f"executor {state.executor or '?'}, gpus {state.gpus or 'none'}, {security}{more}"
+
+
+def _running_line(state: st.ClusterState) -> str:
+    return f"cluster {state.name} already running since {since(state.started_at)}, with {_settings(state)}"
 
 
 def _check_running(name: str, wanted: dict[str, object], *, quiet: bool) -> None:
-    """A running cluster is kept: say so; flags it was not started with are an error (exit 1)."""
+    """A running cluster is kept: say so; flags it was not started with are an error (exit 1). One whose
+    controller died is checked the same way against its recorded settings (``_check_restart``)."""
     state = st.load(name)
-    if state is None or not state.controller_is_ours():
+    if state is None:
+        return
+    if not state.controller_is_ours():
+        _check_restart(state, wanted)
         return
     diffs = differences(state, wanted)
     if diffs:
@@ -375,6 +386,28 @@ def _check_running(name: str, wanted: dict[str, object], *, quiet: bool) -> None
         click.echo(f"tangram up: {_running_line(state)}; keeping it (starting what is missing)", err=True)
 
 
+def _check_restart(state: st.ClusterState, wanted: dict[str, object]) -> None:
+    """A cluster whose controller died is restarted in place with the settings it was started with
+    (bootstrap/restart.py: its state record and ``controller.json``), never with other flags: flags that
+    differ from those are an error (exit 1) naming each one, rather than silently ignored. A cluster
+    that cannot be restarted in place (``missing_record``) is started afresh with the flags given."""
+    if restart.missing_record(state) is not None:
+        return
+    diffs = differences(state, wanted, was="recorded")
+    if not diffs:
+        return
+    pid = state.controller_pid
+    why = "now runs another program" if st.pid_alive(pid) else "is gone"
+    flags = _flag_words(wanted)
+    raise TangramError(
+        f"the controller of cluster {state.name} (pid {pid}) {why}; `tangram up` restarts it in place with "
+        f"the settings it was started with ({_settings(state)}), and these flags differ from them: "
+        f"{'; '.join(diffs)}",
+        hint=f"`tangram down` then `tangram up {flags}`, or `tangram up --replace {flags}` (both stop the "
+        "cluster's agents and sandboxes and start a fresh one); or drop the flags to restart it as it was",
+    )
+
+
 def _flag_words(wanted: dict[str, object]) -> str:
     """The given flags again, as the user would write them: ``--gpus 4 --insecure``."""
     words = []
@@ -383,6 +416,8 @@ def _flag_words(wanted: dict[str, object]) -> str:
             words.append("--curve" if value else "--insecure")
         elif key == "jobs":
             words.append(local_flags.flag_words(value))  # type: ignore[arg-type]
+        elif isinstance(value, PoolFlag):
+            words.append(f"--sandbox-pool {value.word()}")
         else:
             words.append(f"--{key.replace('_', '-')} {value}")
     return " ".join(words)

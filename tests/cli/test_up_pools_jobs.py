@@ -1,7 +1,7 @@
-"""`tangram up --sandbox-pool N` and `--job NAME=WEIGHT[,RES=CAP...]` on the local default (issue 14):
-the flags reach the controller's config, `tangram status` shows the jobs, the pool fills on Docker, bad
-values are a ConfigError (exit 2) naming the flag and the fix, and a second `up` with other pools or jobs
-is refused, naming what runs.
+"""`tangram up --sandbox-pool N[,mem=SHARE]` and `--job NAME=WEIGHT[,RES=CAP...]` on the local default
+(issue 14): the flags reach the controller's config (``mem=`` its ``sandbox_pool.mem_fraction``), `tangram
+status` shows the jobs, the pool fills on Docker, bad values are a ConfigError (exit 2) naming the flag and
+the fix, and a second `up` with other pools or jobs is refused, naming what runs.
 
 The pure pieces (flag parsing, the config they make, the differences) run in-process; the flags' errors
 through the real CLI (`CliRunner`, nothing starts); then real local clusters (controller and agent
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -27,7 +29,13 @@ from tangram.core.pool import PoolPolicy
 from tangram.errors import ConfigError
 from tangram_cli import state as st
 from tangram_cli.bootstrap import local, local_flags
-from tangram_cli.bootstrap.local_flags import LocalExtras, parse_job_flag, parse_job_flags
+from tangram_cli.bootstrap.local_flags import (
+    LocalExtras,
+    PoolFlag,
+    parse_job_flag,
+    parse_job_flags,
+    parse_pool_flag,
+)
 from tangram_cli.commands.up import differences
 from tangram_cli.controller.config import ControllerConfig, parse_config
 from tangram_cli.controller.jobs_config import JobConf
@@ -82,24 +90,113 @@ def test_a_job_given_twice_is_an_error_naming_both() -> None:
         parse_job_flags(["a=1", "b=1", "a=2,cores=1"])
 
 
+def mem_of_this_node() -> int:
+    """A node's memory for ``mem=SIZE`` (stands for /proc/meminfo, so the numbers below are exact)."""
+    return 8192
+
+
+@pytest.mark.parametrize(
+    ("text", "pool"),
+    [
+        ("0", PoolFlag(0)),
+        ("8", PoolFlag(8, 0.25)),
+        ("8,mem=0.5", PoolFlag(8, 0.5)),
+        ("8, mem=50%", PoolFlag(8, 0.5)),
+        ("2,mem=100%", PoolFlag(2, 1.0)),
+        ("8,mem=2GiB", PoolFlag(8, 0.25)),  # a size: its share of the node's memory
+        ("8,mem=6GiB", PoolFlag(8, 0.75)),
+        ("65536,mem=1", PoolFlag(65536, 1.0)),
+    ],
+)
+def test_pool_flag_parses_to_the_pools_max_and_share_of_memory(text: str, pool: PoolFlag) -> None:
+    got = parse_pool_flag(text, mem_of_this_node)
+    assert got == pool
+    assert got.word() == text  # messages repeat the flag as it was written
+    config = LocalExtras(got).apply(ControllerConfig(cluster="local"))
+    if pool.max:
+        assert config.sandbox_pool == PoolPolicy(max=pool.max, mem_fraction=pool.mem_fraction)
+        assert parse_config(config.to_dict()) == config  # what `up` writes to controller.json reads back
+    else:
+        assert not config.sandbox_pool.enabled
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("-1", "expected an integer in [0, 65536]"),
+        ("65537", "expected an integer in [0, 65536]"),
+        ("many", "expected an integer in [0, 65536]"),
+        ("8,mem=0", "the share must be more than 0"),
+        ("8,mem=0%", "the share must be more than 0"),
+        ("8,mem=150%", "at most all of the node's memory"),
+        ("8,mem=-5%", "the share must be more than 0"),
+        ("8,mem=2", "a number without a unit is a fraction of the node's memory, in (0, 1]"),
+        ("8,mem=nan", "'nan' is not a finite number"),
+        ("8,mem=x%", "'x' is not a finite number"),
+        ("8,mem=lots", "cannot read size"),
+        ("8,mem=6G", "ambiguous unit 'G'"),
+        ("8,mem=9GiB", "more than this machine offers sandboxes (8192 MiB)"),
+        ("8,mem=", "cannot read size"),
+        ("8,min=2", "unknown part 'min=2' (only mem=SHARE)"),
+        ("8,mem", "unknown part 'mem' (only mem=SHARE)"),
+        ("8,mem=1%,mem=2%", "mem given twice"),
+        ("0,mem=50%", "mem= sizes pools, and N = 0 turns them off"),
+    ],
+)
+def test_a_bad_pool_flag_names_the_flag_and_the_problem(text: str, words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_pool_flag(text, mem_of_this_node)
+    assert err.value.message.startswith(f"--sandbox-pool {text}: ")
+    assert words in err.value.message
+    assert err.value.hint  # and the fix
+    assert err.value.exit_code == 2
+
+
+def test_a_pool_share_as_a_size_reads_this_machines_memory() -> None:
+    """Without a stand-in, ``mem=SIZE`` is a share of what this machine's agent offers sandboxes."""
+    offer = local_flags.local_mem_mib()
+    assert offer > 0
+    assert parse_pool_flag(f"4,mem={offer}MiB").mem_fraction == 1.0
+    with pytest.raises(ConfigError, match=f"more than this machine offers sandboxes \\({offer} MiB\\)"):
+        parse_pool_flag(f"4,mem={offer + 1}MiB")
+
+
+def test_differences_with_a_recorded_share_of_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TANGRAM_HOME", str(tmp_path))
+    st.ensure_dirs("local")
+    running = LocalExtras(PoolFlag(2, 0.5))
+    st.controller_config_path("local").write_text(json.dumps(running.apply(ControllerConfig("local")).to_dict()))
+    assert local_flags.recorded("local") == running
+    state = st.ClusterState(name="local", executor="docker", gpus="", certs="/c")
+    assert differences(state, {"sandbox_pool": parse_pool_flag("2,mem=50%")}) == []
+    assert differences(state, {"sandbox_pool": parse_pool_flag("2,mem=4GiB", mem_of_this_node)}) == []
+    assert differences(state, {"sandbox_pool": parse_pool_flag("2")}) == [
+        "--sandbox-pool 2 (running: 2,mem=50%)"
+    ]
+    assert differences(state, {"sandbox_pool": parse_pool_flag("2,mem=0.3")}, "recorded") == [
+        "--sandbox-pool 2,mem=0.3 (recorded: 2,mem=50%)"
+    ]
+
+
 def test_extras_go_into_the_controller_config_and_back() -> None:
     base = ControllerConfig(cluster="local")
     assert LocalExtras().apply(base) is base
-    extras = LocalExtras(4, parse_job_flags(["train=3", "eval=1,cores=2"]))
+    extras = LocalExtras(PoolFlag(4), parse_job_flags(["train=3", "eval=1,cores=2"]))
     config = extras.apply(base)
     assert config.sandbox_pool == PoolPolicy(max=4) and config.sandbox_pool.enabled
     assert config.jobs == extras.jobs
     assert parse_config(config.to_dict()) == config  # what `up` writes to controller.json reads back
     assert extras.to_dict() == {
         "sandbox_pool": 4,
+        "sandbox_pool_mem_fraction": 0.25,
         "jobs": {
             "train": {"weight": 3.0, "caps": {}, "keys": []},
             "eval": {"weight": 1.0, "caps": {"cores": 2}, "keys": []},
         },
     }
     assert extras.describe() == [
-        "warm sandbox pools: up to 4 idle sandbox(es) per node and shape, sized from recent opens "
-        "(Docker executor)",
+        "warm sandbox pools: up to 4 idle sandbox(es) per node and shape, sized from recent opens, "
+        "holding at most 25% of the node's memory (Docker executor)",
         "jobs: train (weight 3), eval (weight 1, caps cores=2)",
     ]
 
@@ -109,15 +206,16 @@ def test_differences_with_the_recorded_pools_and_jobs(
 ) -> None:
     monkeypatch.setenv("TANGRAM_HOME", str(tmp_path))
     st.ensure_dirs("local")
-    running = LocalExtras(2, parse_job_flags(["a=1", "b=3"]))
+    running = LocalExtras(PoolFlag(2), parse_job_flags(["a=1", "b=3"]))
     config = running.apply(ControllerConfig(cluster="local"))
     st.controller_config_path("local").write_text(json.dumps(config.to_dict()))
     assert local_flags.recorded("local") == running
     state = st.ClusterState(name="local", executor="docker", gpus="", certs="/c")
     assert differences(state, {}) == []
-    same = {"sandbox_pool": 2, "jobs": parse_job_flags(["b=3", "a=1"])}  # order does not count
+    same = {"sandbox_pool": parse_pool_flag("2"), "jobs": parse_job_flags(["b=3", "a=1"])}  # any order
     assert differences(state, same) == []
-    other = {"sandbox_pool": 0, "jobs": parse_job_flags(["a=2"])}
+    assert differences(state, {"sandbox_pool": parse_pool_flag("2,mem=0.25")}) == []  # the default share
+    other = {"sandbox_pool": parse_pool_flag("0"), "jobs": parse_job_flags(["a=2"])}
     assert differences(state, other) == [
         "--sandbox-pool 0 (running: 2)",
         "--job a=2 (running: --job a=1 --job b=3)",
@@ -143,6 +241,9 @@ def run_up(home: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
         (("--job", "train=0"), "error: --job train=0: weight 0 must be a finite number > 0"),
         (("--job", "a=1", "--job", "a=3"), "error: --job a given twice (a=1 and a=3)"),
         (("--sandbox-pool", "-1"), "error: --sandbox-pool -1: expected an integer in [0, 65536]"),
+        (("--sandbox-pool", "4,mem=200%"), "error: --sandbox-pool 4,mem=200%: mem: the share must be"),
+        (("--sandbox-pool", "4,mem=8"), "error: --sandbox-pool 4,mem=8: mem: a number without a unit"),
+        (("--sandbox-pool", "4,mem=1PiB"), "error: --sandbox-pool 4,mem=1PiB: mem: "),
         (
             ("--sandbox-pool", "2", "--executor", "process"),
             "error: --sandbox-pool 2 with --executor process: the process executor keeps no warm "
@@ -164,9 +265,10 @@ def test_up_refuses_bad_pool_and_job_flags_before_starting_anything(
 def test_pool_and_job_flags_with_an_inventory_are_a_usage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    r = run_up(tmp_path, monkeypatch, "-i", str(tmp_path / "inv.yaml"), "--sandbox-pool", "4", "--job", "a=1")
+    inv = str(tmp_path / "inv.yaml")
+    r = run_up(tmp_path, monkeypatch, "-i", inv, "--sandbox-pool", "4,mem=50%", "--job", "a=1")
     assert r.exit_code == 2, r.output
-    assert "--sandbox-pool (set `sandbox_pool: {max: N}` in the inventory)" in r.stderr
+    assert "--sandbox-pool (set `sandbox_pool: {max: N, mem_fraction: F}` in the inventory)" in r.stderr
     assert "--job (set `jobs: {NAME: {weight: W, caps: {...}}}` in the inventory)" in r.stderr
     assert "only for the local default" in r.stderr
 
@@ -179,7 +281,8 @@ def test_a_pool_on_an_executor_without_pools_stops_before_anything_starts(
     monkeypatch.setenv("TANGRAM_HOME", str(tmp_path))
     said: list[str] = []
     with pytest.raises(BootstrapError) as err:
-        local.bring_up_local(executor="process", gpus=0, extras=LocalExtras(2), on_event=said.append)
+        extras = LocalExtras(PoolFlag(2))
+        local.bring_up_local(executor="process", gpus=0, extras=extras, on_event=said.append)
     assert "--sandbox-pool 2: the executor chosen here is process" in err.value.message
     assert "only the Docker executor keeps warm sandbox pools" in err.value.message
     assert "drop --sandbox-pool" in (err.value.hint or "")
@@ -188,9 +291,10 @@ def test_a_pool_on_an_executor_without_pools_stops_before_anything_starts(
 
 
 def test_dry_run_shows_the_pools_and_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    r = run_up(tmp_path, monkeypatch, "--dry-run", "--sandbox-pool", "3", "--job", "a=2,gpus=1")
+    r = run_up(tmp_path, monkeypatch, "--dry-run", "--sandbox-pool", "3,mem=40%", "--job", "a=2,gpus=1")
     assert r.exit_code == 0, r.output
     assert "warm sandbox pools: up to 3 idle sandbox(es) per node and shape" in r.stdout
+    assert "holding at most 40% of the node's memory" in r.stdout
     assert "jobs: a (weight 2, caps gpus=1)" in r.stdout
 
 
@@ -278,12 +382,14 @@ async def open_two(state: dict[str, Any]) -> list[str]:
 @pytest.mark.timeout(600)
 def test_sandbox_pool_flag_fills_a_pool_on_the_docker_executor(tmp_path: Path, docker_client: Any) -> None:
     home, env = tmp_path / "home", docker_env(docker_client)
-    up = tangram_docker(home, env, "up", "--executor", "docker", "--gpus", "0", "--sandbox-pool", "2")
+    up = tangram_docker(home, env, "up", "--executor", "docker", "--gpus", "0", "--sandbox-pool", "2,mem=50%")
     assert up.returncode == 0, up.stdout + up.stderr
     state = json.loads(st_path(home, "state.json").read_text())
     try:
         assert "warm sandbox pools: up to 2 idle sandbox(es) per node and shape" in up.stdout
-        assert json.loads(st_path(home, "controller.json").read_text())["sandbox_pool"]["max"] == 2
+        assert "holding at most 50% of the node's memory" in up.stdout
+        pool = json.loads(st_path(home, "controller.json").read_text())["sandbox_pool"]
+        assert (pool["max"], pool["mem_fraction"]) == (2, 0.5)
         assert asyncio.run(open_two(state)) == ["warm", "warm"]
         deadline = time.monotonic() + 120  # the refill is made in the background, one container at a time
         while (node := status_json(home)["nodes"][0])["pool_idle"] < 2:
@@ -292,7 +398,19 @@ def test_sandbox_pool_flag_fills_a_pool_on_the_docker_executor(tmp_path: Path, d
         assert node["pool_mem_mib"] == 2 * 256  # two idle pooled sandboxes of the shape opened
         again = tangram_docker(home, env, "up", "--sandbox-pool", "3")
         assert again.returncode == 1, again.stdout + again.stderr
-        assert "--sandbox-pool 3 (running: 2)" in again.stderr
+        assert "--sandbox-pool 3 (running: 2,mem=50%)" in again.stderr
+
+        os.kill(state["controller_pid"], signal.SIGKILL)  # a dead controller: restarted with its own pools
+        deadline = time.monotonic() + 20
+        while st.pid_alive(state["controller_pid"], ("controller",)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        other = tangram_docker(home, env, "up", "--sandbox-pool", "2")
+        assert other.returncode == 1, other.stdout + other.stderr
+        assert "these flags differ from them: --sandbox-pool 2 (recorded: 2,mem=50%)" in other.stderr
+        same = tangram_docker(home, env, "up", "--sandbox-pool", "2,mem=0.5")
+        assert same.returncode == 0, same.stdout + same.stderr
+        assert "is up again" in same.stdout
     finally:
         down = tangram_docker(home, env, "down")
     assert down.returncode == 0, down.stdout + down.stderr
