@@ -545,10 +545,17 @@ def _options(fn: Any) -> Any:
 @click.option(
     "--kinds", default=",".join(KINDS), show_default=True, callback=_kinds, help="Fault kinds, in this order."
 )
+@click.option(
+    "--staging/--no-staging",
+    default=None,
+    help="Run the controller with staged starts on or off (scheduler.stage_starts); default: the "
+    "controller's default.",
+)
 @_options
 @logs_and_json
 def chaos(
     kinds: list[str],
+    staging: bool | None,
     trials: int,
     executor: str,
     timeout: float,
@@ -558,7 +565,8 @@ def chaos(
 ) -> None:
     """Kill -9 agents, the controller and clients under a steady mixed load; count what is lost,
     run twice, left running or left holding cores, and how long recovery takes."""
-    opts = {**given, "warm_s": 1.0, "post_s": 1.0, "trial_reserve_s": 20.0 + given["long_s"]}
+    opts = {**given, "stage_starts": staging, "warm_s": 1.0, "post_s": 1.0}
+    opts["trial_reserve_s"] = 20.0 + given["long_s"]
     doc = run_chaos(trials, kinds, executor, opts, timeout, logs)
     if as_json:
         click.echo(json.dumps({"chaos": doc}, indent=2, default=str))

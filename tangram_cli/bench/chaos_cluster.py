@@ -217,6 +217,8 @@ class ChaosCluster:
             ],
             "apis": [{"name": "search", "mode": "concurrency", "limit": 2}],
         }
+        if self.opts.get("stage_starts") is not None:  # --staging/--no-staging; else the default
+            config["scheduler"]["stage_starts"] = bool(self.opts["stage_starts"])
         a, s, st = (str(p) for p in self.ports)
         args = ["--agents-port", a, "--submit-port", s, "--status-port", st]
         args += ["--journal", os.path.join(wd, "controller.journal")]
