@@ -41,7 +41,9 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
     from the job furthest below its weighted share (``jobs.py``; one job: plain FCFS)."""
     iters, heads = _open_queues(ctx)
     jobs_waiting = len(heads)
-    fair = Fair(ctx.jobs, CPU, sum(n.total for n in ctx.cpu.nodes.values()) if len(heads) > 1 else 0, heads)
+    nodes = ctx.cpu.nodes.values()
+    fair = Fair(ctx.jobs, CPU, sum(n.total for n in nodes) if len(heads) > 1 else 0, heads,
+                sum(n.mem_total for n in nodes) if len(heads) > 1 else 0)
     p = _Merge(ctx, fair)
     _merge(p, fair, iters, heads)
     # every node's units are decided before anything moves: a node's decision depends on
@@ -75,19 +77,45 @@ def run(ctx: PassContext, out: list[cmd.Command]) -> None:
 
 def _merge(p: _Merge, fair: Fair, iters: dict[Key, _Peek], heads: dict[str, list[tuple[int, Key]]]) -> None:
     """Read the per-node queues into ``p``: the next action from the job furthest below its
-    share (one job: the earliest head), each queue until its first action that does not fit."""
+    share (one job: the earliest head), each queue until its first action that does not fit.
+    Several jobs' new trajectories are read in dominant-share order (``_next_read``)."""
     while heads:
-        job = fair.pick({j: h[0][0] for j, h in heads.items()}) if len(heads) > 1 else next(iter(heads))
-        _, key = heapq.heappop(heads[job])
+        job, past_new = _next_read(p, fair, iters, heads) if len(heads) > 1 else (next(iter(heads)), False)
+        heap = heads[job]
+        new = heapq.heappop(heap) if past_new else None  # not its turn: read what comes after it
+        _, key = heapq.heappop(heap)
+        if new is not None:
+            heapq.heappush(heap, new)
         src = iters[key]
         w = src.pop()
         if fair.over_cap(w, w.need):  # its job is passed over for the rest of the pass
             del heads[job]
             continue
         if p.step(key[0], w, src) and src.has_next():
-            heapq.heappush(heads[job], (src.peek_seq(), key))
-        if not heads[job]:
+            heapq.heappush(heap, (src.peek_seq(), key))
+        if not heap:
             del heads[job]
+
+
+def _next_read(p: _Merge, fair: Fair, iters: dict[Key, _Peek],
+               heads: dict[str, list[tuple[int, Key]]]) -> tuple[str, bool]:
+    """The job to read next from (``Fair.pick``, by cores), and whether its next action, a
+    new trajectory, is passed for now: while several jobs have new trajectories to place,
+    only those of the job furthest below its share of cores and memory are read
+    (``Fair.pick_new``, weighted dominant-resource fairness); the others' come after them in
+    this pass, and their jobs' actions in placed sandboxes are read meanwhile."""
+    new = {j: seq for j, h in heads.items() for seq, key in h if not key[0] and p.is_new(iters[key].peek())}
+    turn = fair.pick_new(new) if len(new) > 1 and p.placing is None else None
+    seqs: dict[str, int] = {}
+    passed: set[str] = set()
+    for j, h in heads.items():
+        if turn is None or j == turn or j not in new or h[0][1][0]:
+            seqs[j] = h[0][0]
+        elif len(h) > 1:  # its new trajectories come first in it: read the queue after them
+            seqs[j] = min(h[1:3])[0]
+            passed.add(j)
+    job = fair.pick(seqs)
+    return job, job in passed
 
 
 class _Merge:
@@ -97,6 +125,7 @@ class _Merge:
         self.ctx = ctx
         self.fair = fair
         self.free = {n: node.free for n, node in ctx.cpu.nodes.items()}
+        self.mem_free = {n: node.mem_free for n, node in ctx.cpu.nodes.items()}  # less this pass's placements
         self.cands: dict[str, list[Waiting]] = {}
         self.behind: dict[str, list[Waiting]] = {}
         # blocked node -> (where in behind, its reader) per queue of it (one per job)
@@ -119,6 +148,11 @@ class _Merge:
         self.cands.setdefault(node, []).append(w)
         self.free[node] -= w.need
         self.fair.take(w.job, w.need)
+
+    def is_new(self, w: Waiting) -> bool:
+        """Whether ``w``, read from the queue of trajectories without a node, is a new one (its
+        sandbox was not placed earlier in this pass)."""
+        return w.spec.sandbox not in self.tentative
 
     def step(self, key: str, w: Waiting, src: _Peek) -> bool:
         """Take ``w`` from queue ``key``; False when that queue is not read further."""
@@ -150,13 +184,15 @@ class _Merge:
             return False
         sb = ctx.sandboxes.get(w.spec.sandbox)
         mem = sb.mem_mib if sb is not None else w.spec.mem_mib
-        target = ctx.cpu.place(w.need, mem, self.free, self.blocked)
+        target = ctx.cpu.place(w.need, mem, self.free, self.blocked, self.mem_free)
         if target is None:
-            w.status = _placement_shortfall(ctx, w.need, mem, self.free)
+            w.status = _placement_shortfall(ctx, w.need, mem, self.free, self.mem_free)
             self.placing = w
             return False  # new trajectories queue FCFS behind this one
         self.tentative[w.spec.sandbox] = target
         self._take(w, target)
+        self.mem_free[target] -= mem
+        self.fair.take_mem(w.job, mem)
         return True
 
 
@@ -177,9 +213,10 @@ def _open_queues(ctx: PassContext) -> tuple[dict[Key, _Peek], dict[str, list[tup
     return iters, heads
 
 
-def _placement_shortfall(ctx: PassContext, need: int, mem: int, free: dict[str, int]) -> Status:
+def _placement_shortfall(ctx: PassContext, need: int, mem: int, free: dict[str, int],
+                         mem_free: dict[str, int]) -> Status:
     best_cores = max(free.values(), default=0)
-    best_mem = max((n.mem_free for n in ctx.cpu.nodes.values()), default=0)
+    best_mem = max(mem_free.values(), default=0)
     total = max((n.total for n in ctx.cpu.nodes.values()), default=0)
     mem_total = max((n.mem_total for n in ctx.cpu.nodes.values()), default=0)
     reasons = []
@@ -391,11 +428,14 @@ class _Peek:
             self.read += self._next is not None
         return self._next is not None
 
-    def peek_seq(self) -> int:
+    def peek(self, what: str = "peek") -> Waiting:
         if not self.has_next():
-            raise IndexError("peek_seq on an exhausted queue")
+            raise IndexError(f"{what} on an exhausted queue")
         assert self._next is not None
-        return self._next.seq
+        return self._next
+
+    def peek_seq(self) -> int:
+        return self.peek("peek_seq").seq
 
     def take(self, n: int) -> list[Waiting]:
         out = []

@@ -13,6 +13,15 @@ weight and optional caps. Rules (they refine the scheduler's rule 2, FCFS per po
    jobs with actions queued there, ties to the earlier submission; FCFS within a job. With
    one job this is the paper's FCFS order, decision for decision (the simulator's journals
    are byte-identical).
+   New trajectories (a sandbox without a node: placing it takes its memory, held until it
+   closes, as well as cores) are placed by *dominant share* (weighted DRF): while several
+   jobs have new trajectories to place, the next placed is the earliest of the job with the
+   smallest max(cores share, memory share) / weight (``Fair.dominant``: shares of the CPU
+   pool's totals, held plus taken so far in the pass; ``JobBook.mem`` keeps each job's
+   placed sandboxes' memory, fed by ``CpuManager``'s hooks), ties to the earlier submission.
+   The others' come after it in the pass, and their jobs' actions in placed sandboxes are not
+   held behind them. So when memory binds before cores, the trajectory slots split by weight
+   too (by cores alone a job that held memory but few cores took more than its share).
 4. The passes' FCFS rules hold along the fair order: the first action that does not fit
    blocks what comes after it on its node (CPU) or pool (GPU, API). So the job furthest below
    its share is first in line for the next units that free, never behind another job's
@@ -98,6 +107,8 @@ class JobBook:
         self._ended_s: dict[tuple[str, str], float] = {}  # (job, pool) -> unit-seconds of ended actions
         self._since_sum: dict[tuple[str, str], float] = {}  # (job, pool) -> sum of units x start of running
         self.started: dict[str, int] = {}  # job -> actions started
+        self.mem: dict[str, int] = {}  # job -> MiB its placed sandboxes reserve (CpuManager's hooks)
+        self._mem_of: dict[str, tuple[str, int]] = {}  # sandbox -> (job, MiB)
 
     def define(self, spec: JobSpec) -> None:
         self.specs[spec.name] = spec
@@ -131,6 +142,24 @@ class JobBook:
     def capped(self, pool: str) -> bool:
         """Whether some job has a cap in ``pool``."""
         return any(self.cap(job, pool) is not None for job in self._caps)
+
+    # -- the CPU manager's hooks (CpuManager.on_bind / on_unbind): memory per job ----------------
+    def on_bind(self, sandbox: str, client: str, mib: int) -> None:
+        self.on_unbind(sandbox)
+        job = self.job_of(client)
+        self._mem_of[sandbox] = (job, mib)
+        self.mem[job] = self.mem.get(job, 0) + mib
+
+    def on_unbind(self, sandbox: str) -> None:
+        got = self._mem_of.pop(sandbox, None)
+        if got is None:
+            return
+        job, mib = got
+        left = self.mem[job] - mib
+        if left:
+            self.mem[job] = left
+        else:
+            del self.mem[job]
 
     # -- the running table's hooks (RunningTable.on_start / on_end) ------------------------------
     def on_start(self, r: Running, now: float) -> None:
@@ -202,25 +231,43 @@ class Fair:
     """One pass's view of the shares in one pool (rule 3): units held plus units taken so
     far in the pass, per job, over its weight; and the caps (rule 5)."""
 
-    __slots__ = ("book", "capped", "held", "pool", "taken", "total", "wsum")
+    __slots__ = ("book", "capped", "held", "mem_scale", "mem_taken", "pool", "taken", "total", "wsum")
 
-    def __init__(self, book: JobBook, pool: str, total: int = 0, active: Iterable[str] = ()) -> None:
+    def __init__(
+        self, book: JobBook, pool: str, total: int = 0, active: Iterable[str] = (), mem_total: int = 0
+    ) -> None:
         """``total``: the pool's units, when ``active`` (the jobs with actions queued in it)
-        are several: each job's share of them bounds its elastic grants (``limit``)."""
+        are several: each job's share of them bounds its elastic grants (``limit``).
+        ``mem_total``: the CPU pool's memory (MiB), for the dominant shares of new
+        trajectories (``dominant``; 0: cores alone)."""
         self.book = book
         self.pool = pool
         self.held = book.held.setdefault(pool, {})  # live: an API pass's grants show at once
         self.taken: dict[str, int] = {}
+        self.mem_taken: dict[str, int] = {}  # MiB of the trajectories placed so far in this pass
         self.capped: set[str] = set()  # jobs passed over for the rest of the pass (at their cap)
         jobs = set(active)
         self.total = total if len(jobs) > 1 else 0
         self.wsum = sum(book.weight(j) for j in jobs) if self.total else 0.0
+        # a MiB in units of the pool: a job's memory share times ``total``, comparable to its cores
+        self.mem_scale = self.total / mem_total if self.total and mem_total > 0 else 0.0
 
     def share(self, job: str) -> float:
         return (self.held.get(job, 0) + self.taken.get(job, 0)) / self.book.weight(job)
 
+    def dominant(self, job: str) -> float:
+        """A new trajectory's key (rule 3): its job's larger share, of the pool's cores or of
+        its memory (held plus taken so far in this pass), over the job's weight, in units of
+        cores so that it compares with ``share`` (weighted dominant-resource fairness)."""
+        cores = self.held.get(job, 0) + self.taken.get(job, 0)
+        mem = (self.book.mem.get(job, 0) + self.mem_taken.get(job, 0)) * self.mem_scale
+        return max(cores, mem) / self.book.weight(job)
+
     def take(self, job: str, units: int) -> None:
         self.taken[job] = self.taken.get(job, 0) + units
+
+    def take_mem(self, job: str, mib: int) -> None:
+        self.mem_taken[job] = self.mem_taken.get(job, 0) + mib
 
     def room(self, job: str) -> int | None:
         """Units ``job`` may still take in this pass (None: no cap)."""
@@ -269,6 +316,11 @@ class Fair:
         """The job (of ``heads``: job -> seq of its next action) to read next from: the one
         furthest below its share (held + taken), then the earlier submission."""
         return min(heads, key=lambda job: (job in self.capped, self.share(job), heads[job]))
+
+    def pick_new(self, heads: Mapping[str, int]) -> str:
+        """The job (of ``heads``: job -> seq of its next new trajectory) whose new trajectory
+        is placed next (rule 3): the smallest dominant share, then the earlier submission."""
+        return min(heads, key=lambda job: (job in self.capped, self.dominant(job), heads[job]))
 
     def order(self, lanes: Mapping[str, Lane]) -> Iterator[Waiting]:
         """The actions of several jobs' lanes, read lazily in fair order: as if each action

@@ -94,6 +94,8 @@ class Scheduler:
         self.jobs = jobs.JobBook()  # RL jobs: weights, caps, what each holds (fed by the running table)
         self.running.on_start = lambda r: self.jobs.on_start(r, self.now)
         self.running.on_end = lambda r: self.jobs.on_end(r, self.now)
+        self.cpu.on_bind = lambda sb, mib: self.jobs.on_bind(sb, self.sandboxes[sb].client, mib)
+        self.cpu.on_unbind = self.jobs.on_unbind
         self._behind_memo: dict[tuple[object, ...], Behind] = {}
         self.sandboxes: dict[str, Sandbox] = {}
         self._client_sandboxes: dict[str, dict[str, None]] = {}  # client -> its open sandboxes

@@ -167,28 +167,100 @@ def test_elastic_grants_are_not_bounded_when_one_job_alone_waits():
     assert spawn.dop == 7  # work-conserving: all that is free
 
 
-def test_a_new_trajectory_of_a_job_over_its_share_waits_behind_one_that_found_no_node():
+def _trajectories(s: Scheduler, job: str, names: list[str], mem: int, now: float = 0.0) -> None:
+    """One client (and its sandbox sb-<name>, ``mem`` MiB) per trajectory, in ``job``."""
+    for name in names:
+        s.handle(ev.JobJoined(name, job), now)
+        s.handle(ev.SandboxOpened(f"sb-{name}", client=name, mem_mib=mem), now)
+
+
+def test_a_new_trajectory_waits_behind_one_of_the_job_below_its_share_that_found_no_node():
     s = Scheduler(CoreConfig())
     led = Ledger(s)
     s.handle(node("n1", 8, mem=10_000), 0.0)
-    for client, job, mem in (
-        ("cb", "b", 1_000),
-        ("ca", "a", 6_000),
-        ("ca2", "a", 6_000),
-        ("cb2", "b", 1_000),
-    ):
-        s.handle(ev.JobJoined(client, job), 0.0)
-        s.handle(ev.SandboxOpened(f"sb-{client}", client=client, mem_mib=mem), 0.0)
+    trajectories = (("cb", "b", 1_000), ("ca", "a", 2_000), ("ca2", "a", 8_000), ("cb2", "b", 1_000))
+    for client, job, mem in trajectories:
+        _trajectories(s, job, [client], mem)
     assert sorted(_batch(s, led, [_exec("b0", "cb"), _exec("b1", "cb"), _exec("a0", "ca")], 0.0)) == [
         "a0",
         "b0",
         "b1",
     ]
-    # a (1 core) is below b (2): a's second trajectory is placed first and finds no memory;
-    # b's new one, which would fit, waits behind it rather than take the memory a waits for
+    # dominant shares (cores or memory, of 8 cores and 10,000 MiB): a max(1/8, 0.2) = 0.2 is
+    # below b max(2/8, 0.1) = 0.25, so a's new trajectory is placed first and finds no memory;
+    # b's, which would fit, waits behind it rather than take the memory a waits for
     assert _batch(s, led, [_exec("a1", "ca2"), _exec("b2", "cb2")], 1.0) == []
     st = s.status_of("b2")
     assert st is not None and "behind a1" in str(st)
+    assert "memory free" in str(s.status_of("a1"))
+
+
+def test_new_trajectories_are_placed_by_weighted_dominant_share_of_cores_and_memory():
+    """Rule 4, event by event, on 8 cores and 10,000 MiB (10 sandboxes of 1,000): a job's
+    dominant share is max(cores / 8, MiB / 10,000) / weight, with what the pass placed so far.
+    By cores alone b (weight 3, no cores held) would get every new sandbox here."""
+    s = Scheduler(CoreConfig())
+    led = Ledger(s)
+    s.handle(node("n1", 8, mem=10_000), 0.0)
+    s.handle(ev.JobDefined("a", 1.0, ()), 0.0)
+    s.handle(ev.JobDefined("b", 3.0, ()), 0.0)
+    _trajectories(s, "b", [f"tb{i}" for i in range(11)], 1_000)
+    _trajectories(s, "a", [f"ta{i}" for i in range(4)], 1_000)
+    assert len(_batch(s, led, [_exec(f"b{i}", f"tb{i}") for i in range(8)], 0.0)) == 8  # b alone: FCFS
+    for i in range(8):
+        assert _finish(s, led, f"b{i}", 1.0) == []
+    assert s.jobs.mem == {"b": 8_000} and s.jobs.held[CPU] == {}  # b keeps its 8 sandboxes, no cores
+    assert _batch(s, led, [_exec("a0", "ta0", t_ori=60.0)], 2.0) == ["a0"]
+    # one sandbox's memory left; b's new trajectory came first and b holds no cores, but
+    # a: max(1/8, 0.1) / 1 = 0.125 is below b: max(0, 0.8) / 3 = 0.27
+    assert _batch(s, led, [_exec("b8", "tb8"), _exec("a1", "ta1")], 3.0) == ["a1"]
+    assert "memory free" in str(s.status_of("b8"))
+    assert s.jobs.mem == {"a": 2_000, "b": 8_000} and s.cpu.nodes["n1"].mem_free == 0
+    assert _finish(s, led, "a1", 4.0) == []  # a core frees, no memory
+    out = s.handle(ev.SandboxClosed("sb-ta1"), 5.0)  # memory frees: b's is the only new trajectory
+    led.apply(out)
+    assert [c.action_id for c in out if isinstance(c, cmd.Spawn)] == ["b8"]
+    for sb in ("sb-tb0", "sb-tb1"):  # two sandboxes' memory frees
+        led.apply(s.handle(ev.SandboxClosed(sb), 6.0))
+    # a: 0.125 < b: max(1/8, 0.7) / 3 = 0.23 -> a2; then a: max(2/8, 0.2) = 0.25 > b -> b9;
+    # then b: max(2/8, 0.8) / 3 = 0.27 > a -> a3, which finds no memory; b10 waits behind it
+    batch = [_exec("b9", "tb9"), _exec("b10", "tb10"), _exec("a2", "ta2"), _exec("a3", "ta3")]
+    assert _batch(s, led, batch, 7.0) == ["a2", "b9"]
+    assert "memory free" in str(s.status_of("a3")) and "behind a3" in str(s.status_of("b10"))
+    assert s.cpu.nodes["n1"].mem_free == 0 and s.jobs.mem == {"a": 2_000, "b": 8_000}
+
+
+def test_a_new_trajectory_passed_over_for_another_jobs_does_not_hold_its_jobs_placed_ones():
+    """A new trajectory that is not its job's turn (another job with new trajectories is
+    further below its dominant share) is read after that job's; meanwhile its job's actions in
+    placed sandboxes, submitted after it, are read in the cores' fair order (FCFS in a job holds
+    within each of the two lines)."""
+    s = Scheduler(CoreConfig())
+    led = Ledger(s)
+    s.handle(node("n1", 4, mem=4_000), 0.0)
+    _trajectories(s, "a", ["ta0", "ta1", "ta2"], 1_000)
+    _trajectories(s, "b", ["tb0", "tb1"], 1_000)
+    first = [_exec("a0", "ta0"), _exec("a1", "ta1"), _exec("b0", "tb0", t_ori=60.0)]
+    assert len(_batch(s, led, first, 0.0)) == 3
+    for aid in ("a0", "a1"):
+        assert _finish(s, led, aid, 1.0) == []
+    # a: no cores, 2 sandboxes (dominant 0.5); b: 1 core, 1 sandbox (0.25); left: 3 cores, 1 sandbox
+    got = _batch(s, led, [_exec("a2", "ta2"), _exec("b1", "tb1"), _exec("a0b", "ta0")], 2.0)
+    assert got == ["a0b", "b1"]  # a's placed one by cores (a holds none), then b's new one
+    assert "memory free" in str(s.status_of("a2"))
+
+
+def test_a_pass_counts_the_memory_of_the_trajectories_it_places():
+    """Two new trajectories in one pass and one sandbox's memory free: one is placed, the other
+    waits (the pass used to check each against the memory free before it, and reserve both)."""
+    s = Scheduler(CoreConfig())
+    led = Ledger(s)
+    s.handle(node("n1", 8, mem=1_500), 0.0)
+    _trajectories(s, "", ["t0", "t1"], 1_000)
+    assert _batch(s, led, [_exec("x0", "t0"), _exec("x1", "t1")], 0.0) == ["x0"]
+    assert s.cpu.nodes["n1"].mem_reserved == 1_000 and s.jobs.mem == {"": 1_000}
+    st = s.status_of("x1")
+    assert st is not None and any(r.resource == "mem" and r.free == 500 for r in st.reasons)
 
 
 def test_gpu_calls_are_read_in_fair_order_and_capped():

@@ -4,6 +4,7 @@ batch 256, are in docs/scheduler.md), the per-job figures, and the experiment's 
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from typing import Any
@@ -12,7 +13,7 @@ from click.testing import CliRunner
 
 from tangram.sim import report, workloads
 from tangram.sim.baselines import parse_policy
-from tangram.sim.engine import simulate
+from tangram.sim.engine import SimResult, simulate
 from tangram.sim.metrics import job_summary, summarize
 from tangram_cli.main import cli
 
@@ -29,6 +30,34 @@ def test_core_seconds_follow_the_weights_while_both_jobs_wait() -> None:
     assert jobs["a"]["saturated_s"] > 600  # both waited for most of the run
     ratio = jobs["b"]["saturated_core_s"] / jobs["a"]["saturated_core_s"]
     assert 3 * 0.85 <= ratio <= 3 * 1.15, ratio  # weights 3:1
+
+
+MEM_NODE = {"cpu_nodes": 1, "cores_per_node": 16, "cpu_mem_gib": 280}  # 35 sandboxes of 8 GiB
+
+
+def _sandbox_seconds(r: SimResult) -> tuple[dict[str, float], int]:
+    """Per job, its trajectories' sandbox-seconds (placed at their first action's start, closed
+    at their end) while both jobs had new trajectories waiting; and the most placed at once."""
+    first = {x.aid.split("/")[0]: x.start for x in r.records if x.aid.endswith("/0") and x.start >= 0}
+    held = [(t.plan.job, first[t.plan.tid], t.end) for t in r.trajs if t.plan.tid in first]
+    until = min(max(s for j, s, _ in held if j == job) for job in ("a", "b"))
+    edges = sorted([(s, 1) for _, s, _ in held] + [(e, -1) for _, _, e in held])
+    most = max(n for n in itertools.accumulate(d for _, d in edges))
+    return {job: sum(max(0.0, min(e, until) - s) for j, s, e in held if j == job) for job in ("a", "b")}, most
+
+
+def test_when_memory_binds_the_sandboxes_and_core_seconds_follow_the_weights() -> None:
+    """Memory binds before cores (35 sandboxes at ~0.45 cores each on 16 cores): new
+    trajectories are placed by weighted dominant share, so both the sandbox-seconds and the
+    core-seconds split 3:1 (by cores alone: 2.32 and 2.67)."""
+    r = simulate(replace(workloads.load("coding-jobs"), cluster=MEM_NODE), parse_policy("tangram"), batch=192)
+    held, most = _sandbox_seconds(r)
+    assert most == 35  # memory is full
+    jobs = job_summary(r)
+    assert jobs["a"]["saturated_s"] > 2000
+    assert 3 * 0.9 <= held["b"] / held["a"] <= 3 * 1.1, held
+    ratio = jobs["b"]["saturated_core_s"] / jobs["a"]["saturated_core_s"]
+    assert 3 * 0.9 <= ratio <= 3 * 1.1, ratio
 
 
 def test_a_small_job_is_not_queued_behind_a_large_jobs_burst() -> None:

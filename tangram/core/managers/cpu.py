@@ -6,10 +6,13 @@ Contract:
    closes; every later action of the sandbox runs on that node.
 3. ``take`` and ``give`` are exact inverses; ``give`` of cores that are free is an error in
    the caller, so it raises ``ValueError`` (the scheduler never does it).
+4. ``on_bind`` and ``on_unbind`` (set by the scheduler) hear of every sandbox whose memory is
+   reserved and released, a lost node's sandboxes included (the jobs' memory, ``jobs.py``).
 Core sets are Python ints used as bitmasks, so picking and freeing cores is cheap.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tangram.core.resources import CPU, MEM
@@ -102,6 +105,8 @@ class CpuManager:
     def __init__(self) -> None:
         self.nodes: dict[str, CpuNode] = {}
         self.sandbox_node: dict[str, str] = {}
+        self.on_bind: Callable[[str, int], None] | None = None  # (sandbox, MiB reserved)
+        self.on_unbind: Callable[[str], None] | None = None  # (sandbox)
 
     def add_node(self, name: str, cpus: tuple[int, ...], numa: tuple[tuple[int, ...], ...], mem_mib: int) -> None:
         domains = tuple(mask_of(d) for d in numa if d) or (mask_of(cpus),)
@@ -117,6 +122,8 @@ class CpuManager:
         lost = sorted(node.sandboxes)
         for s in lost:
             self.sandbox_node.pop(s, None)
+            if self.on_unbind is not None:
+                self.on_unbind(s)
         return lost
 
     def frontier_shrinks(self, name: str) -> bool:
@@ -141,12 +148,15 @@ class CpuManager:
             return Shortfall(CPU, min_cores, best_cores, best_cores, "largest node")
         return Shortfall(MEM, mem_mib, best_mem, best_mem, "largest node")
 
-    def place(self, min_cores: int, mem_mib: int, free: dict[str, int], blocked: set[str]) -> str | None:
-        """Pick a node for a new trajectory: ``free[node]`` cores left for this pass, memory
-        for the whole trajectory, most free memory first (memory balance), then name."""
+    def place(
+        self, min_cores: int, mem_mib: int, free: dict[str, int], blocked: set[str], mem_free: dict[str, int]
+    ) -> str | None:
+        """Pick a node for a new trajectory: ``free[node]`` cores and ``mem_free[node]`` MiB left
+        for this pass (memory for the whole trajectory), most free memory before this pass
+        first (memory balance), then name."""
         best: tuple[int, str] | None = None
         for name, node in self.nodes.items():
-            if name in blocked or free[name] < min_cores or node.mem_free < mem_mib:
+            if name in blocked or free[name] < min_cores or mem_free[name] < mem_mib:
                 continue
             cand = (-node.mem_free, name)
             if best is None or cand < best:
@@ -158,10 +168,14 @@ class CpuManager:
         n.sandboxes[sandbox] = mem_mib
         n.mem_reserved += mem_mib
         self.sandbox_node[sandbox] = node
+        if self.on_bind is not None:
+            self.on_bind(sandbox, mem_mib)
 
     def unbind(self, sandbox: str) -> str | None:
         """Release a sandbox's memory (idempotent); returns its node."""
         node = self.sandbox_node.pop(sandbox, None)
+        if node is not None and self.on_unbind is not None:
+            self.on_unbind(sandbox)
         if node is None or node not in self.nodes:
             return node
         n = self.nodes[node]
