@@ -161,6 +161,14 @@ class JobBook:
         else:
             del self.mem[job]
 
+    def dominant_share(self, job: str, cores: int, mem_mib: int) -> float:
+        """``job``'s dominant share now, before its weight (rule 3): the larger of the cores its
+        actions hold over ``cores`` and its placed sandboxes' memory over ``mem_mib`` (the CPU
+        pool's totals; a total of 0 counts for nothing). ``Fair.dominant`` is this, plus what a
+        pass took so far, times the pool's cores over the job's weight."""
+        share = self.held.get(CPU, {}).get(job, 0) / cores if cores > 0 else 0.0
+        return max(share, self.mem.get(job, 0) / mem_mib if mem_mib > 0 else 0.0)
+
     # -- the running table's hooks (RunningTable.on_start / on_end) ------------------------------
     def on_start(self, r: Running, now: float) -> None:
         pool = pool_of(r)

@@ -163,7 +163,7 @@ class Snapshot:
     queued: int
     running: int
     counters: tuple[tuple[str, int], ...]
-    jobs: tuple[dict[str, object], ...] = ()  # per RL job: weight, caps, held, shares (jobs.py)
+    jobs: tuple[dict[str, object], ...] = ()  # per RL job: weight, caps, held, shares, mem (views.job_rows)
     staged: int = 0  # execs decided to start on a running one's cores when it ends (staging.py)
 
 

@@ -37,4 +37,18 @@ def snapshot(s: Scheduler, limit: int | None = None) -> Snapshot:
         rows = list(itertools.islice(merged, max(0, limit)))
     queue = tuple(queue_row(w, s._pool(w.spec), s.now) for w in rows)
     return Snapshot(s.now, tuple(nodes), services, apis, queue, queued, len(s.running),
-                    tuple(sorted(s.counters.items())), jobs.rows(s), len(s.stages))
+                    tuple(sorted(s.counters.items())), job_rows(s), len(s.stages))
+
+
+def job_rows(s: Scheduler) -> tuple[dict[str, object], ...]:
+    """``jobs.rows`` plus each job's placed sandboxes' memory (``mem_mib``, ``JobBook.mem``) and
+    its dominant share of the CPU pool (``dominant_share``: the larger of its cores and memory
+    shares of the cluster's, ``JobBook.dominant_share``; what orders new trajectories)."""
+    book = s.jobs
+    cores = sum(n.total for n in s.cpu.nodes.values())
+    mem = sum(n.mem_total for n in s.cpu.nodes.values())
+    return tuple(
+        {**row, "mem_mib": book.mem.get(str(row["job"]), 0),
+         "dominant_share": round(book.dominant_share(str(row["job"]), cores, mem), 4)}
+        for row in jobs.rows(s)
+    )

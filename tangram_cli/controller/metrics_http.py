@@ -162,6 +162,7 @@ JOB_GAUGES = (
     ("tangram_job_cores_share", "cores_share", "An RL job's share of the cluster's cores now"),
     ("tangram_job_gpus", "gpus", "GPUs an RL job's calls hold now"),
     ("tangram_job_gpus_share", "gpus_share", "An RL job's share of the cluster's GPUs now"),
+    ("tangram_job_mem_mib", "mem_mib", "Memory (MiB) an RL job's placed sandboxes hold now"),
 )
 JOB_COUNTERS = (
     ("tangram_job_core_seconds", "core_s", "Cores times the seconds an RL job's actions held them"),

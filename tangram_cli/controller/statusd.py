@@ -206,8 +206,9 @@ def build_records(
 
 
 def job_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A JOBS row from the core's (``tangram.core.jobs.JobBook.rows``): held units, share of the
-    cluster's and unit-seconds per pool, flattened to cores, GPUs and per-API columns."""
+    """A JOBS row from the core's (``tangram.core.views.job_rows``): held units, share of the
+    cluster's and unit-seconds per pool, flattened to cores, GPUs and per-API columns; the
+    memory its placed sandboxes hold and its dominant share, as the core figured them."""
     held, share, unit_s = row["held"], row["share"], row["unit_s"]
     apis = sorted({p for d in (held, unit_s) for p in d if p.startswith("api:")})
     return {
@@ -215,6 +216,7 @@ def job_row(row: dict[str, Any]) -> dict[str, Any]:
         "queued": row["queued"], "started": row["started"],
         "cores": held.get("cpu", 0), "cores_share": share.get("cpu", 0.0), "core_s": unit_s.get("cpu", 0.0),
         "gpus": held.get("gpu", 0), "gpus_share": share.get("gpu", 0.0), "gpu_s": unit_s.get("gpu", 0.0),
+        "mem_mib": row["mem_mib"], "dominant_share": row["dominant_share"],
         "api_in_flight": {p[4:]: held.get(p, 0) for p in apis},
         "api_unit_s": {p[4:]: unit_s.get(p, 0.0) for p in apis},
     }

@@ -237,6 +237,8 @@ JOB_COLS: list[Col] = [
     ("QUEUE", lambda r: listish(first(r, "queued"))),
     ("CORES(share)", lambda r: _held(r, "cores")),
     ("GPUS(share)", lambda r: _held(r, "gpus")),
+    ("MEM", lambda r: mib(first(r, "mem_mib")) if first(r, "mem_mib") else "-"),
+    ("DOM-SHARE", lambda r: f"{share:.0%}" if (share := num(first(r, "dominant_share"))) else "-"),
     ("API", lambda r: " ".join(f"{k}={v}" for k, v in (first(r, "api_in_flight") or {}).items() if v) or "-"),
     ("CORE-S", lambda r: f"{num(first(r, 'core_s')) or 0:,.0f}"),
     ("GPU-S", lambda r: f"{num(first(r, 'gpu_s')) or 0:,.0f}"),

@@ -6,6 +6,7 @@ holdings and core-seconds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,57 @@ async def test_status_and_metrics_show_each_job(metered: Any, make_agent: Any) -
     )
     assert value(m, "tangram_job_actions_started_total", job="grpo") >= 1
     assert value(m, "tangram_job_cores", job="eval") == 0
+
+
+async def test_status_and_metrics_show_each_jobs_memory_and_dominant_share(
+    metered: Any, make_agent: Any
+) -> None:
+    """Two jobs' placed sandboxes hold 12 GiB and 1.5 GiB of a 48 GiB node: the records, the JOBS
+    table, `-o json` and the metrics show each job's memory, and its dominant share is the larger
+    of its memory share (grpo: 25%) and its cores share (eval: 2 of 4 cores running, 50%)."""
+    c = await metered(jobs={"grpo": {"weight": 3}, "eval": {}})
+    await make_agent(c, "n1", cpus=(0, 1, 2, 3), facts_extra={"mem_mib": 48 * 1024})
+    async with (
+        tangram.AsyncClient(c.submit_addr, name="trainer", job="grpo") as tg,
+        tangram.AsyncClient(c.submit_addr, name="evaluator", job="eval") as te,
+        tg.sandbox(mem="12GiB") as big,
+        te.sandbox(mem=1536) as small,
+    ):
+        await big.exec("true", cpus=1)  # placing the trajectory binds its memory to the job
+        running = asyncio.create_task(small.exec("sleep 30", cpus=2))
+        for _ in range(500):
+            if c.core.jobs.held.get("cpu", {}).get("eval") == 2:
+                break
+            await asyncio.sleep(0.01)
+        records = c._records(["cluster", "nodes", "jobs"], 10)
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError, tangram.TangramError):
+            await running
+        rows = {row["job"]: row for row in records["jobs"]}
+        assert rows["grpo"]["mem_mib"] == 12 * 1024 and rows["eval"]["mem_mib"] == 1536
+        assert rows["grpo"]["dominant_share"] == 0.25  # memory binds: 12 of 48 GiB, no cores held
+        assert rows["eval"]["cores"] == 2 and rows["eval"]["dominant_share"] == 0.5  # cores bind
+        (table,) = [t for t in rs.tables(records, sections=rs.KNOWN_SECTIONS) if t[0] == "JOBS"]
+        body = {r[0]: dict(zip(table[1], r, strict=True)) for r in table[2]}
+        assert (body["grpo"]["MEM"], body["grpo"]["DOM-SHARE"]) == ("12GiB", "25%")
+        assert (body["eval"]["MEM"], body["eval"]["DOM-SHARE"]) == ("1.5GiB", "50%")
+        out = {r["job"]: r for r in rs.to_json(records)["records"]["jobs"]}
+        assert (out["eval"]["mem_mib"], out["eval"]["dominant_share"]) == (1536, 0.5)
+        m = await scrape(c)
+        assert value(m, "tangram_job_mem_mib", job="grpo") == 12 * 1024
+        assert value(m, "tangram_job_mem_mib", job="eval") == 1536
+    for _ in range(500):  # closing the sandboxes releases their memory
+        if not c.core.jobs.mem:
+            break
+        await asyncio.sleep(0.01)
+    records = c._records(["cluster", "nodes", "jobs"], 10)
+    assert {r["job"]: (r["mem_mib"], r["dominant_share"]) for r in records["jobs"]} == {
+        "grpo": (0, 0.0), "eval": (0, 0.0)
+    }
+    (table,) = [t for t in rs.tables(records, sections=rs.KNOWN_SECTIONS) if t[0] == "JOBS"]
+    assert {r[0]: (r[table[1].index("MEM")], r[table[1].index("DOM-SHARE")]) for r in table[2]} == {
+        "grpo": ("-", "-"), "eval": ("-", "-")
+    }
 
 
 async def test_without_jobs_status_shows_no_jobs_table(metered: Any, make_agent: Any) -> None:

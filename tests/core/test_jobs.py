@@ -307,6 +307,29 @@ def test_snapshot_rows_show_each_jobs_weight_holdings_and_core_seconds():
     assert rows["b"]["unit_s"]["cpu"] == pytest.approx(20.0)
 
 
+def test_snapshot_rows_show_each_jobs_memory_and_the_dominant_share_the_core_orders_by():
+    """``mem_mib`` is ``JobBook.mem``; ``dominant_share`` is max(cores / 8, MiB / 10,000), what
+    ``Fair.dominant`` orders new trajectories by (before the weight, outside a pass)."""
+    s = Scheduler(CoreConfig())
+    led = Ledger(s)
+    s.handle(node("n1", 8, mem=10_000), 0.0)
+    s.handle(ev.JobDefined("b", 3.0, ()), 0.0)
+    _trajectories(s, "a", ["ta0"], 1_000)
+    _trajectories(s, "b", ["tb0", "tb1", "tb2"], 2_000)
+    batch = [_exec("a0", "ta0", lo=4)] + [_exec(f"b{i}", f"tb{i}") for i in range(3)]
+    assert len(_batch(s, led, batch, 0.0)) == 4
+    _finish(s, led, "b0", 1.0)
+    rows = {r["job"]: r for r in s.snapshot().jobs}
+    assert (rows["a"]["mem_mib"], rows["a"]["dominant_share"]) == (1_000, 0.5)  # cores: 4 of 8
+    assert (rows["b"]["mem_mib"], rows["b"]["dominant_share"]) == (6_000, 0.6)  # memory: 6,000 of 10,000
+    fair = Fair(s.jobs, CPU, 8, ("a", "b"), 10_000)
+    for job, w in (("a", 1.0), ("b", 3.0)):
+        assert rows[job]["dominant_share"] == pytest.approx(fair.dominant(job) * w / 8)
+    led.apply(s.handle(ev.SandboxClosed("sb-tb1"), 2.0))
+    rows = {r["job"]: r for r in s.snapshot().jobs}
+    assert (rows["b"]["mem_mib"], rows["b"]["dominant_share"]) == (4_000, 0.4)
+
+
 def test_a_gone_client_leaves_its_job():
     s, _ = _sched(4, clients={"ca": "a"})
     assert s.jobs.job_of("ca") == "a"
