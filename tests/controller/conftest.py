@@ -8,7 +8,7 @@ import contextlib
 import os
 import secrets
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -40,37 +40,38 @@ CONFIG: dict[str, Any] = {
     "apis": [{"name": "search", "mode": "concurrency", "limit": 2}],
 }
 
+Starts = Callable[..., Awaitable[Controller]]  # what the `controllers` fixture and its wrappers return
+
 
 @pytest.fixture
-async def metered() -> AsyncIterator[Callable[..., Any]]:
-    """`await metered(**config)`: an in-process controller with its metrics endpoint on a free port."""
+async def controllers() -> AsyncIterator[Starts]:
+    """`await controllers(raw=CONFIG, **options)`: an in-process controller, started, from the raw
+    config `raw` and `Options(bind="127.0.0.1", **options)` (random ports unless given). All are
+    stopped at teardown, last made first; stopping one the test already stopped is harmless."""
     made: list[Controller] = []
 
-    async def make(**extra: Any) -> Controller:
-        c = Controller(parse_config({**CONFIG, **extra}), Options(bind="127.0.0.1", metrics_port=0))
+    async def make(raw: dict[str, Any] = CONFIG, **options: Any) -> Controller:
+        c = Controller(parse_config(raw), Options(bind="127.0.0.1", **options))
         c.start()
         made.append(c)
         return c
 
     yield make
-    for c in made:
+    for c in reversed(made):
         await c.stop()
 
 
 @pytest.fixture
-async def make_controller() -> AsyncIterator[Callable[..., Any]]:
-    made: list[Controller] = []
+def metered(controllers: Starts) -> Starts:
+    """`await metered(**config)`: a controller on CONFIG with these top-level keys replaced and its
+    metrics endpoint on a free port."""
+    return lambda **extra: controllers({**CONFIG, **extra}, metrics_port=0)
 
-    async def make(**scheduler: Any) -> Controller:
-        raw = {**CONFIG, "scheduler": {**CONFIG["scheduler"], **scheduler}}
-        c = Controller(parse_config(raw), Options(bind="127.0.0.1"))
-        c.start()
-        made.append(c)
-        return c
 
-    yield make
-    for c in made:
-        await c.stop()
+@pytest.fixture
+def make_controller(controllers: Starts) -> Starts:
+    """`await make_controller(**scheduler)`: a controller on CONFIG with these scheduler settings."""
+    return lambda **scheduler: controllers({**CONFIG, "scheduler": {**CONFIG["scheduler"], **scheduler}})
 
 
 @pytest.fixture

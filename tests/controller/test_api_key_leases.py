@@ -14,8 +14,7 @@ import pytest
 
 import tangram
 from tangram.errors import TangramError
-from tangram_cli.controller.config import parse_config
-from tangram_cli.controller.daemon import Controller, Options
+from tangram_cli.controller.daemon import Controller
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,17 +36,11 @@ CONFIG: dict[str, Any] = {
 
 
 @pytest.fixture
-async def keyed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+async def keyed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, controllers: Any) -> Controller:
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("TG_TEST_KEY_UNSET", raising=False)
-    opts = Options(bind="127.0.0.1", journal=str(tmp_path / "journal"), state=str(tmp_path / "state.jsonl"))
-    c = Controller(parse_config(CONFIG), opts)
-    c.start()
-    try:
-        yield c
-    finally:
-        await c.stop()
+    return await controllers(CONFIG, journal=str(tmp_path / "journal"), state=str(tmp_path / "state.jsonl"))
 
 
 async def test_leases_get_keys_with_room_reports_cool_keys_and_secrets_stay_out_of_records(

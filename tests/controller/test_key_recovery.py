@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from tangram import protocol as p
-from tangram_cli.controller.config import parse_config
-from tangram_cli.controller.daemon import Controller, Options
+from tangram_cli.controller.daemon import Controller
 from tests.controller.test_recovery import _raw_as
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,22 +35,12 @@ CONFIG: dict[str, Any] = {
 
 
 @pytest.fixture
-async def controllers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """`start()`: a new controller on the same state file (a test stops one before the next)."""
+def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, controllers: Any) -> Any:
+    """`await start()`: a new controller on the same state file (a test stops one before the next)."""
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     path = str(tmp_path / "state.jsonl")
-    made: list[Controller] = []
-
-    def start() -> Controller:
-        c = Controller(parse_config(CONFIG), Options(bind="127.0.0.1", state=path))
-        c.start()
-        made.append(c)
-        return c
-
-    yield start
-    for c in made:  # stopping twice is harmless
-        await c.stop()
+    return lambda: controllers(CONFIG, state=path)
 
 
 async def _lease(client: Any, rid: int, budget_ms: int = 5000) -> p.Envelope:
@@ -65,10 +54,10 @@ def _keys(c: Controller) -> dict[str, dict[str, Any]]:
 
 
 async def test_key_minutes_and_held_leases_survive_a_restart(
-    controllers: Any, raw_client: Any, tmp_path: Path
+    start: Any, raw_client: Any, tmp_path: Path
 ) -> None:
     holder = secrets.token_bytes(16)
-    first = controllers()
+    first = await start()
     try:
         client = _raw_as(raw_client, first.submit_addr, holder)
         names, leases = [], []
@@ -85,7 +74,7 @@ async def test_key_minutes_and_held_leases_survive_a_restart(
     text = (tmp_path / "state.jsonl").read_text()
     assert all(secret not in text for secret in SECRETS.values())
 
-    second = controllers()
+    second = await start()
     try:
         assert second.recovery.counters["restored_leases"] == 1
         held = second.core.basic.apis["llm"].keys.held(leases[1])
@@ -105,7 +94,7 @@ async def test_key_minutes_and_held_leases_survive_a_restart(
     finally:
         await second.stop()
 
-    third = controllers()  # the second one's rewritten file still holds the minute
+    third = await start()  # the second one's rewritten file still holds the minute
     try:
         assert [(k, r["rpm_used"]) for k, r in _keys(third).items()] == [("a", 2), ("b", 2)]
         assert third.recovery.counters["restored_leases"] == 1  # the other client's, on b again
@@ -116,9 +105,9 @@ async def test_key_minutes_and_held_leases_survive_a_restart(
 
 
 async def test_a_key_cooling_after_a_429_stays_cool_after_a_restart(
-    controllers: Any, raw_client: Any
+    start: Any, raw_client: Any
 ) -> None:
-    first = controllers()
+    first = await start()
     try:
         client = _raw_as(raw_client, first.submit_addr, secrets.token_bytes(16))
         body = (await _lease(client, 1)).msg.body
@@ -127,7 +116,7 @@ async def test_a_key_cooling_after_a_429_stays_cool_after_a_restart(
         await client.final(2)
     finally:
         await first.stop()
-    second = controllers()
+    second = await start()
     try:
         rows = _keys(second)
         assert rows["a"]["cooling_s"] > 25 and rows["a"]["tpm_used"] == 40

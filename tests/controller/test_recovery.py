@@ -12,16 +12,14 @@ from typing import Any
 import pytest
 
 from tangram import protocol as p
-from tangram_cli.controller.config import parse_config
-from tangram_cli.controller.daemon import Controller, Options
+from tangram_cli.controller.daemon import Controller
 from tangram_cli.controller.ledger import Ledger
 from tests.controller.conftest import CONFIG
 
 
 @pytest.fixture
-async def restarted(tmp_path: Path) -> Any:
+def restarted(tmp_path: Path, controllers: Any) -> Any:
     """`await restarted(write)`: a state file written by `write(ledger)`, then a controller on it."""
-    made: list[Controller] = []
 
     async def make(write: Any) -> Controller:
         path = str(tmp_path / "state.jsonl")
@@ -29,14 +27,9 @@ async def restarted(tmp_path: Path) -> Any:
         old.restore()
         write(old)
         old.close()
-        c = Controller(parse_config(CONFIG), Options(bind="127.0.0.1", state=path))
-        c.start()
-        made.append(c)
-        return c
+        return await controllers(state=path)
 
-    yield make
-    for c in made:
-        await c.stop()
+    return make
 
 
 async def test_a_restored_sandbox_waits_for_its_agent_and_is_adopted(
@@ -149,7 +142,9 @@ async def test_a_sandbox_whose_agent_never_comes_back_is_lost_after_the_grace(
     assert "sb-1" not in c.gateway.ledger._sandboxes  # written as gone: the next restart forgets it
 
 
-async def test_held_leases_and_quota_windows_survive_a_restart(tmp_path: Path, raw_client: Any) -> None:
+async def test_held_leases_and_quota_windows_survive_a_restart(
+    tmp_path: Path, raw_client: Any, controllers: Any
+) -> None:
     """A lease granted before the crash still counts against the API's concurrency, and a quota
     window keeps what it spent: a restart gives no client extra calls."""
     config = {
@@ -161,33 +156,26 @@ async def test_held_leases_and_quota_windows_survive_a_restart(tmp_path: Path, r
     }
     path = str(tmp_path / "state.jsonl")
     holder = secrets.token_bytes(16)
-    first = Controller(parse_config(config), Options(bind="127.0.0.1", state=path))
-    first.start()
-    try:
-        client = _raw_as(raw_client, first.submit_addr, holder)
-        for rid, api in ((1, "search"), (2, "search"), (3, "llm"), (4, "llm")):
-            await client.send(p.Lease(api, 1), rid)
-            env = await client.final(rid)
-            assert isinstance(env.msg, p.Result), env.msg
-        held = env.msg.body["lease"]
-        await client.send(p.Release(held), 5)
-        await client.final(5)
-    finally:
-        await first.stop()  # an orderly stop keeps the same file a kill -9 would (written before each reply)
-    c = Controller(parse_config(config), Options(bind="127.0.0.1", state=path))
-    c.start()
-    try:
-        assert c.recovery.counters["restored_leases"] == 3  # search x2, llm x1 (the other was released)
-        apis = {a.name: a for a in c.core.basic.apis.values()}
-        assert len(apis["search"].in_flight) == 2 and apis["llm"].used == 2
-        other = _raw_as(raw_client, c.submit_addr, secrets.token_bytes(16))
-        await other.send(p.Lease("llm", 1), 1)
-        assert isinstance((await other.final(1)).msg, p.Result)  # the quota's third and last unit
-        await other.send(p.Lease("search", 1, budget_ms=300), 2)
-        env = await other.final(2)
-        assert isinstance(env.msg, p.Error), env.msg  # both search slots are still held
-    finally:
-        await c.stop()
+    first = await controllers(config, state=path)
+    client = _raw_as(raw_client, first.submit_addr, holder)
+    for rid, api in ((1, "search"), (2, "search"), (3, "llm"), (4, "llm")):
+        await client.send(p.Lease(api, 1), rid)
+        env = await client.final(rid)
+        assert isinstance(env.msg, p.Result), env.msg
+    held = env.msg.body["lease"]
+    await client.send(p.Release(held), 5)
+    await client.final(5)
+    await first.stop()  # an orderly stop keeps the same file a kill -9 would (written before each reply)
+    c = await controllers(config, state=path)
+    assert c.recovery.counters["restored_leases"] == 3  # search x2, llm x1 (the other was released)
+    apis = {a.name: a for a in c.core.basic.apis.values()}
+    assert len(apis["search"].in_flight) == 2 and apis["llm"].used == 2
+    other = _raw_as(raw_client, c.submit_addr, secrets.token_bytes(16))
+    await other.send(p.Lease("llm", 1), 1)
+    assert isinstance((await other.final(1)).msg, p.Result)  # the quota's third and last unit
+    await other.send(p.Lease("search", 1, budget_ms=300), 2)
+    env = await other.final(2)
+    assert isinstance(env.msg, p.Error), env.msg  # both search slots are still held
 
 
 async def test_a_client_of_a_previous_controller_learns_the_epoch_on_first_contact(

@@ -19,8 +19,7 @@ from support.cli import tangram
 from support.waiting import until
 
 from tangram_cli import state as st
-from tangram_cli.controller.config import parse_config
-from tangram_cli.controller.daemon import Controller, Options
+from tangram_cli.controller.daemon import Controller
 
 from .conftest import CONFIG
 
@@ -28,24 +27,6 @@ pytestmark = pytest.mark.timeout(120)
 
 POOL_FACTS = {"pool": [], "image": "tangram/hostroot:1", "sandbox_mem_mib": 1024, "mem_mib": 65536}
 POOL_HEAD = "POOL(idle/target)"
-
-
-@pytest.fixture
-async def controllers() -> Any:
-    """``await controllers(sandbox_pool)``: an in-process controller on loopback ports (pools off
-    with None)."""
-    made: list[Controller] = []
-
-    async def make(pool: dict[str, Any] | None) -> Controller:
-        raw = {**CONFIG, **({"sandbox_pool": pool} if pool is not None else {})}
-        c = Controller(parse_config(raw), Options(bind="127.0.0.1"))
-        c.start()
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        await c.stop()
 
 
 @pytest.fixture
@@ -86,7 +67,7 @@ def node_table(out: str) -> tuple[list[str], dict[str, list[str]]]:
 
 
 async def test_a_node_with_a_pool_shows_idle_over_target(controllers, make_agent, status_cli) -> None:
-    c = await controllers({"min": 2, "max": 4})
+    c = await controllers({**CONFIG, "sandbox_pool": {"min": 2, "max": 4}})
     pooled = await make_agent(c, "n1", cpus=(0, 1), facts_extra=POOL_FACTS)
     pooled.load = {"pool_idle": 1, "pool_mem_mib": 1024}  # one warm sandbox ready of the 2 it is told
     await make_agent(c, "n2", cpus=(0, 1))  # keeps no pools
@@ -110,7 +91,7 @@ async def test_a_node_with_a_pool_shows_idle_over_target(controllers, make_agent
 
 
 async def test_a_cluster_without_pools_shows_no_pool_column(controllers, make_agent, status_cli) -> None:
-    c = await controllers(None)  # pools off: the agent that could keep them is told 0
+    c = await controllers()  # pools off: the agent that could keep them is told 0
     agent = await make_agent(c, "n1", cpus=(0, 1), facts_extra=POOL_FACTS)
     await make_agent(c, "n2", cpus=(0, 1))
     await asyncio.sleep(0.5)  # heartbeats arrived (empty loads)
