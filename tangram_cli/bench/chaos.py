@@ -16,9 +16,11 @@ Fault kinds, one per trial, `--trials` trials per kind, one kind after another:
 - `client`: kill -9 a load client while its long action runs; a new client takes its place.
   Its sandboxes and actions must go at the controller's client grace (`--client-grace`).
 
-After each kind the clients drain (actions without an outcome `--lost-after` seconds later are
-lost), read their evidence files and close their sandboxes; then the bench checks that nothing
-is left: cores in use, action processes, containers. Figures only; the goals (issue 10) are
+After each kind the clients drain: actions without an outcome `--lost-after` seconds later are
+*slow* and get their timeout (`--action-timeout`) plus 10 s more, by which the controller owes
+each a final reply; those still without one are *lost*. Then the clients read their evidence
+files and close their sandboxes, and the bench checks that nothing is left: cores in use, action
+processes, containers. Figures only; the goals (issue 10) are
 printed next to them, never asserted.
 """
 
@@ -241,6 +243,7 @@ def summarize(kind: str, raw: dict[str, Any], late: int) -> dict[str, Any]:
         "requests": sum(r["requests"] for r in reports),
         "ok": sum(r["ok"] for r in reports),
         "lost": len(detail["lost_unanswered"]) + len(detail["lost_client_gave_up"]),
+        "slow": len(detail["slow"]),  # answered only after --lost-after, within their timeout
         "duplicated": detail["duplicate_finals"] + len(detail["ran_twice_or_more"]) + late,
         "leftover": left["processes"] + containers,
         "leftover_containers": containers,
@@ -269,6 +272,7 @@ def _detail(raw: dict[str, Any], reports: list[dict[str, Any]], late: int) -> di
     return {
         "lost_unanswered": [d for r in reports for d in r["unanswered"]],
         "lost_client_gave_up": [d for r in reports for d in r["gave_up"]],
+        "slow": [d for r in reports for d in r.get("slow", [])],
         "outcomes_without_a_reply": dict(local),
         "duplicate_finals": sum(r["duplicate_finals"] for r in reports),
         "duplicate_final_ops": [o for r in reports for o in r.get("duplicate_final_ops", [])][:10],
@@ -447,6 +451,7 @@ ROWS: list[tuple[str, str, Any]] = [
         lambda k, f: f"{f['detail']['leftover_processes']}+{f['leftover_containers']}",
     ),
     ("cores leaked", "0", lambda k, f: str(f["cores_leaked"])),
+    ("slow (answered late)", "", lambda k, f: str(f.get("slow", 0))),
     ("recover p50/max s", "in cell", _recover),
     ("errors (allowed)", "", lambda k, f: str(sum(f["errors"].values()))),
     ("met", "all", lambda k, f: styled(f["met"])),
@@ -521,7 +526,8 @@ OPTIONS: list[tuple[str, str | None, Any, Any, str]] = [
         "lost_after_s",
         click.FloatRange(1, 600),
         10.0,
-        "After a kind's last trial: an action with no outcome this much later is lost.",
+        "After a kind's last trial: an action with no outcome this much later is slow (and lost "
+        "if it has none by its timeout + 10 s).",
     ),
     ("--action-timeout", "action_timeout_s", click.FloatRange(1, 3600), 30.0, "Each action's timeout (s)."),
     (

@@ -386,10 +386,11 @@ def _close_pipes(proc: subprocess.Popen[str]) -> None:
 
 def drain(c: ChaosCluster) -> list[dict[str, Any]]:
     wait = c.opts["lost_after_s"]
-    told = [cl for cl in c.clients if c.tell(cl, f"drain {wait}")]
+    late = c.opts["action_timeout_s"] + 10.0  # by its timeout the controller owes each a final reply
+    told = [cl for cl in c.clients if c.tell(cl, f"drain {wait} {late}")]
     reports = []
     for cl in told:
-        line = c.answer(cl, wait + 60)
+        line = c.answer(cl, wait + late + 60)
         try:
             reports.append(json.loads(line))
         except ValueError:

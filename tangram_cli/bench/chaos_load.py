@@ -8,9 +8,10 @@ line, answers on stdout:
   with a short think time; prints `going`.
 - `long SECONDS [setsid]`: one non-idempotent CPU burner of SECONDS in a sandbox of its own
   (with `setsid`, the burner leaves the action's process group, as a daemon would).
-- `drain SECONDS`: stop submitting, wait up to SECONDS for the actions in flight (those still
-  unanswered then are cancelled and counted lost), read the evidence files, close the
-  sandboxes, print one JSON report of the phase.
+- `drain SECONDS [LATE]`: stop submitting, wait up to SECONDS for the actions in flight; those
+  still unanswered then are *late*, and get up to LATE seconds more (at least their timeout, by
+  which the controller owes them a final reply); those unanswered after that are cancelled and
+  counted lost. Then read the evidence files, close the sandboxes, print one JSON report.
 - `quit`: print one JSON line (final replies that came after a phase's report), close, exit.
 
 The mix: `true` and `echo TOKEN` (idempotent, output checked), `sleep 0.5..2` (idempotent),
@@ -221,12 +222,17 @@ class Load:
         self.tasks.append(asyncio.ensure_future(self._long(seconds, escape)))
 
     # ------------------------------------------------------------ the phase's report
-    async def drain(self, wait_s: float) -> dict[str, Any]:
+    async def drain(self, wait_s: float, late_s: float = 0.0) -> dict[str, Any]:
         self.stopping = True
         t0 = time.monotonic()
         crashed: list[str] = []
+        late: list[Op] = []
         if self.tasks:
             done, pending = await asyncio.wait(self.tasks, timeout=wait_s)
+            late = [op for op in self.ops if op.t1 is None]
+            if pending and late_s > 0:
+                more, pending = await asyncio.wait(pending, timeout=late_s)
+                done |= more
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
@@ -235,6 +241,7 @@ class Load:
         await self._close_all()
         report = self._report(evidence)
         report["lane_errors"] = crashed
+        report["slow"] = [f"{_desc(op)} after {op.t1 - op.t0:.1f} s" for op in late if op.outcome is not None]
         report["drain_s"] = round(time.monotonic() - t0, 3)
         return report
 
@@ -351,7 +358,8 @@ async def _serve(ns: argparse.Namespace) -> None:
                     seconds, _, how = arg.partition(" ")
                     load.long(float(seconds), how == "setsid")
                 elif cmd == "drain":
-                    print(json.dumps(await load.drain(float(arg))), flush=True)
+                    wait, _, late = arg.partition(" ")
+                    print(json.dumps(await load.drain(float(wait), float(late or 0))), flush=True)
                 elif cmd in ("quit", ""):
                     print(json.dumps(load.late()), flush=True)
                     return
