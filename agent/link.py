@@ -128,6 +128,7 @@ class Agent(GpuRequests, ReplySender, PoolRequests):
         self._outbox = _Outbox(cfg.outbox_mib << 20)
         self._replies: list[list[bytes]] = []  # replies of this loop iteration, sent as one batch
         self._batches = False  # the controller's Welcome said minor >= BATCH_MINOR
+        self._unstage = False  # the Welcome said minor >= UNSTAGE_MINOR: a staged start may be given back
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._last_in = time.monotonic()
@@ -376,6 +377,7 @@ class Agent(GpuRequests, ReplySender, PoolRequests):
                             f"controller speaks {msg.major}, agent {p.PROTOCOL_MAJOR}: run tangram up")
         self._welcomed = True
         self._batches = msg.minor >= p.BATCH_MINOR
+        self._unstage = msg.minor >= p.UNSTAGE_MINOR  # it takes a staged start back (staged.py)
         self._live = self._wire
         self.controller_epoch, self.agent_epoch = msg.controller_epoch, msg.agent_epoch
         self.heartbeat_s = msg.heartbeat_s
@@ -437,7 +439,7 @@ class Agent(GpuRequests, ReplySender, PoolRequests):
             await self._serve_one(env, handler)
         finally:
             if type(env.msg) is p.Spawn:  # after its reply is queued
-                await staged.leave(self._flights, env.msg.action, env.msg.after)
+                self._flights.leave(env.msg.action, env.msg.after)
 
     async def _serve_one(self, env: p.Envelope, handler: Handler) -> None:
         rid = env.request_id
@@ -515,12 +517,15 @@ class Agent(GpuRequests, ReplySender, PoolRequests):
             waited = 0.0
             if msg.after:  # a staged start: on msg.after's cores, once it has ended here
                 run.stop = asyncio.get_running_loop().create_future()
-                go, waited = await staged.wait(self._flights, msg.after, run.stop, self._ending,
-                                               lambda: self._ending if self._welcomed else None)
+                verdict, waited = await staged.wait(self._flights, msg.action, msg.after, run.stop,
+                                                    self._ending, lambda: self._ending if self._welcomed
+                                                    else None, self._unstage)
                 run.stop = None
-                if not go:  # killed while staged, or its session is over: never started
-                    return self._settle(run, ExecOutcome(killed=True, waited_s=waited, **self._echo(
-                        msg.action, msg.attempt, msg.epoch, msg.agent_epoch)), b"", b"")
+                if verdict != staged.GO:  # killed while staged, its session is over, or given back
+                    echo = self._echo(msg.action, msg.attempt, msg.epoch, msg.agent_epoch)
+                    out = ExecOutcome(killed=verdict == staged.STOP, unstaged=verdict == staged.GIVE_BACK,
+                                      waited_s=waited, **echo)
+                    return self._settle(run, out, b"", b"")
             res = await self.executor.run(req)
             outcome = ExecOutcome(exit_code=res.exit_code, truncated=res.truncated, timed_out=res.timed_out,
                                   killed=res.killed, run_s=res.run_s, setup_s=res.setup_s, waited_s=waited,

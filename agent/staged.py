@@ -7,12 +7,13 @@ Hello lists it; a ``Kill`` drops it unstarted and answers at once, before ``afte
 
 ``Flights`` counts the ``Spawn`` requests in flight per action from the moment each is read
 off the socket (so a ``Spawn(after=A)`` read right behind ``A``'s own, whose task has not run
-yet, still waits for ``A``) until its reply is queued. ``wait`` returns whether the staged
-action may start: not when it was killed while staged, and not when the session it came in
-has ended (a new controller or session kills what its predecessor's sent; nothing staged by
-an old session starts). A staged action can itself be followed (a chain, ``stage_depth``): a
-link dropped unstarted keeps its flight open until its own predecessor's is over (``leave``),
-so the action behind it still waits for the cores to be free.
+yet, still waits for ``A``) until its reply is queued. ``wait`` says whether the staged action
+may start: not when it was killed while staged, not when the session it came in has ended (a
+new controller or session kills what its predecessor's sent; nothing staged by an old session
+starts), and not when its predecessor overruns (``GIVE_BACK_S``: it is given back unstarted).
+A staged action can itself be followed (a chain, ``stage_depth``): a link dropped unstarted
+keeps the flight its followers wait on open until its own predecessor's is over
+(``Flights.leave``), so the action behind it still waits for the cores to be free.
 """
 from __future__ import annotations
 
@@ -26,15 +27,40 @@ class Flights:
 
     def __init__(self) -> None:
         self._n: dict[str, tuple[int, asyncio.Future[None]]] = {}
+        self._dropped: set[str] = set()  # staged Spawns that end unstarted (until their leave)
 
     def enter(self, action: str) -> None:
         n, fut = self._n.get(action) or (0, asyncio.get_running_loop().create_future())
         self._n[action] = (n + 1, fut)
 
-    def leave(self, action: str) -> None:
+    def dropped(self, action: str) -> None:
+        """A staged Spawn of ``action`` ends unstarted (killed while staged, or given back)."""
+        self._dropped.add(action)
+
+    def leave(self, action: str, after: str = "") -> None:
+        """One Spawn's flight of ``action`` ends (its reply is queued). One dropped unstarted
+        while its predecessor ``after`` is in flight holds back what was staged behind it until
+        that one's flight is over too (those cores are still in use): its future is detached
+        from ``action``'s entry and resolves with the predecessor's, so a later Spawn of the
+        same action (a start given back runs again) gets an entry of its own and its followers
+        wait for that run only."""
         n, fut = self._n[action]
-        if n > 1:
-            self._n[action] = (n - 1, fut)
+        hold = self._n.get(after) if after and action in self._dropped else None
+        self._dropped.discard(action)
+        if hold is None or hold[1].done():
+            self._release(action, fut)
+        elif n == 1:
+            del self._n[action]
+            hold[1].add_done_callback(lambda _f: fut.done() or fut.set_result(None))
+        else:  # another Spawn of it is in flight (a resend): this flight ends with its predecessor's
+            hold[1].add_done_callback(lambda _f: self._release(action, fut))
+
+    def _release(self, action: str, fut: asyncio.Future[None]) -> None:
+        entry = self._n.get(action)
+        if entry is None or entry[1] is not fut:
+            return
+        if entry[0] > 1:
+            self._n[action] = (entry[0] - 1, fut)
             return
         del self._n[action]
         if not fut.done():
@@ -46,25 +72,30 @@ class Flights:
         return None if entry is None else entry[1]
 
 
-async def wait(flights: Flights, after: str, stop: asyncio.Future[None], session: Any,
-               current: Any) -> tuple[bool, float]:
-    """Wait until ``after`` has ended here, or ``stop`` (a Kill) resolves. Returns (may start,
-    seconds waited); ``session`` is the session the Spawn came in, ``current()`` the live one."""
+GO, STOP, GIVE_BACK = "go", "stop", "give back"
+# A staged start waits at most this long for its predecessor (to a controller of 1.7 or later,
+# ``UNSTAGE_MINOR``): the core stages only behind a chain expected to end within
+# ``CoreConfig.stage_within_s`` (50 ms), so a wait ten times as long means the guess was wrong
+# (an action type whose runs differ by orders of magnitude); the action is given back unstarted
+# (``ExecOutcome.unstaged``) and the controller queues it again, where the next free core takes it.
+GIVE_BACK_S = 0.5
+
+
+async def wait(flights: Flights, action: str, after: str, stop: asyncio.Future[None], session: Any,
+               current: Any, give_back: bool = False) -> tuple[str, float]:
+    """Wait until ``after`` has ended here, ``stop`` (a Kill) resolves, or (``give_back``: the
+    controller takes starts back) ``GIVE_BACK_S`` passes. Returns (``GO``, ``STOP`` or
+    ``GIVE_BACK``, seconds waited): ``STOP`` when killed while staged or the session it came in
+    (``session``; ``current()`` is the live one) has ended; ``GIVE_BACK`` when ``after`` still
+    runs after ``GIVE_BACK_S``. Unless ``GO``, ``action``'s flight is marked dropped (``Flights.leave``)."""
+    limit_s = GIVE_BACK_S if give_back else None
     t0 = time.monotonic()
     gone = flights.gone(after)
     if gone is not None and not gone.done():
-        await asyncio.wait((gone, stop), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((gone, stop), timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
     waited = time.monotonic() - t0
-    return not stop.done() and current() is session, waited
-
-
-async def leave(flights: Flights, action: str, after: str) -> None:
-    """A Spawn's flight ends once its reply is queued; a staged one's not before its
-    predecessor's: one dropped unstarted while its predecessor still runs must hold back the
-    action staged behind it, whose cores are still in use."""
-    try:
-        gone = flights.gone(after) if after else None
-        if gone is not None and not gone.done():
-            await asyncio.shield(gone)
-    finally:
-        flights.leave(action)
+    verdict = STOP if stop.done() or current() is not session else (
+        GIVE_BACK if gone is not None and not gone.done() else GO)
+    if verdict != GO:
+        flights.dropped(action)
+    return verdict, waited

@@ -119,6 +119,7 @@ class ExecOutcome(_Attempt):
     killed: bool = False  # killed on the controller's order (cancel, timeout, client gone)
     setup_s: float = 0.0  # cpuset and spawn before the process ran
     waited_s: float = 0.0  # a staged start: on the agent, waiting for the action whose cores it takes
+    unstaged: bool = False  # a staged start the agent gave back unstarted: its predecessor overran
     cores: tuple[int, ...] = ()
     dop: int = 0  # added by the controller
 

@@ -144,6 +144,7 @@ __all__ = [
     "PROTOCOL_MINOR",
     "SESSIONS_MINOR",
     "STAGED_MINOR",
+    "UNSTAGE_MINOR",
     "TAG",
     "TOKEN_BYTES",
     "UNBATCHED",
@@ -223,11 +224,12 @@ __all__ = [
 
 PROTOCOL_MAJOR = 1
 # 1.1 Welcome.max_outstanding, 1.2 Welcome.durable, 1.3 sessions, 1.4 run vs total budgets, 1.5 batches,
-# 1.6 staged starts (Spawn.after)
-PROTOCOL_MINOR = 6
+# 1.6 staged starts (Spawn.after), 1.7 a staged start given back unstarted (ExecOutcome.unstaged)
+PROTOCOL_MINOR = 7
 SESSIONS_MINOR = 3  # the first minor whose clients carry session tokens; the controller refuses older ones
 BATCH_MINOR = 5  # the first minor whose peers read (and may send) batches
 STAGED_MINOR = 6  # the first minor whose agents start a Spawn(after=A) themselves when A ends
+UNSTAGE_MINOR = 7  # the first minor whose controllers take a staged start back (ExecOutcome.unstaged)
 BATCH = 0x0A  # the type code of a batch (rule 7); no message class: its body is a list, not a map
 BATCH_MAX = 256  # messages in one batch
 BATCH_BODY_BYTES = 2 * (1 << 20)  # the batch's body (the items' bodies together)

@@ -135,6 +135,14 @@ class ActionFinished:
 
 
 @dataclass(frozen=True)
+class ActionUnstaged:
+    """A staged start (``staging.py``) given back unstarted by its agent: the action it was to
+    follow overran its estimate. It queues again in its place."""
+
+    action_id: str
+
+
+@dataclass(frozen=True)
 class ActionCancelled:
     action_id: str
     reason: str = "cancelled"
@@ -192,6 +200,7 @@ Event = (
     | SandboxAdopted
     | ActionSubmitted
     | ActionFinished
+    | ActionUnstaged
     | ActionCancelled
     | ServiceEvicted
     | ClientGone

@@ -101,6 +101,7 @@ class Pending:
 
     def __init__(self) -> None:
         self.pools: dict[str, dict[str, Waiting]] = {}  # pool -> id -> action, in seq order
+        self._top: dict[str, int] = {}  # pool -> the highest seq queued there so far
         self._lanes: dict[str, dict[str, Lane]] = {}  # non-CPU pool -> job -> its FCFS lane
         self._pool_of: dict[str, str] = {}
         self._sb_lane: dict[str, Lane] = {}  # CPU: sandbox -> its queued actions
@@ -138,15 +139,27 @@ class Pending:
         """Queue ``w`` in ``pool``; a CPU action joins its sandbox's lane, which a new
         sandbox opens in the queue of ``node`` ("": not bound to a node yet)."""
         aid, sandbox = w.spec.action_id, w.spec.sandbox
-        self.pools.setdefault(pool, {})[aid] = w
+        queued = self.pools.setdefault(pool, {})
+        queued[aid] = w
+        if w.seq < self._top.get(pool, -1):  # put back in its place (a staged start given back)
+            ordered = sorted(queued.values(), key=lambda x: x.seq)
+            queued.clear()
+            queued.update((x.spec.action_id, x) for x in ordered)
+        else:
+            self._top[pool] = w.seq
         self._pool_of[aid] = pool
         if pool == CPU:
             lane = self._sb_lane.get(sandbox)
             if lane is None:
                 lane = self._sb_lane[sandbox] = Lane()
                 self._sb_node[sandbox] = (node, w.job)
-            if not lane:
+            head = lane.head()
+            if head is None:
                 self._heads_of(self._sb_node[sandbox]).add(w)
+            elif w.seq < head.seq:  # put back ahead of its sandbox's queue (a staged start given back)
+                heads = self._heads_of(self._sb_node[sandbox])
+                heads.remove(head)
+                heads.add(w)
             lane.add(w)
         else:
             self.lane(pool, w.job).add(w)

@@ -271,6 +271,14 @@ class Scheduler:
             self.history.record(r.spec.action_type, run_s * factor)
         self._finish(e.action_id, ok=e.ok, reason=e.reason, out=out)
 
+    def _on_unstaged(self, e: ev.ActionUnstaged, out: list[cmd.Command]) -> None:
+        staging.give_back(self.stages, e.action_id, self._requeue, out, self._ctx.count)
+
+    def _requeue(self, w: Waiting) -> None:
+        """A staged start given back: queued again in its place (same seq and deadline)."""
+        self.pending.add(CPU, w, self._sub_key(w.spec))
+        self._dirty.add(CPU)
+
     def _on_cancelled(self, e: ev.ActionCancelled, out: list[cmd.Command]) -> None:
         pool = self.pending.pool_of(e.action_id)
         if pool is not None:
@@ -479,6 +487,8 @@ class Scheduler:
     def _finish(self, aid: str, ok: bool, reason: str, out: list[cmd.Command], release: bool = True) -> None:
         r = self.running.pop(aid)
         kind = r.spec.kind
+        if self.stages.overran:
+            self.stages.overran.discard(aid)
         if kind in (Kind.EXEC, Kind.OPEN) and r.units and release:
             follower = staging.promote(self.stages, r, self.now) if self.stages else None
             node = self.cpu.nodes.get(r.node)
@@ -571,6 +581,7 @@ _HANDLERS = {
     ev.SandboxAdopted: Scheduler._on_sandbox_adopted,
     ev.ActionSubmitted: Scheduler._on_submitted,
     ev.ActionFinished: Scheduler._on_finished,
+    ev.ActionUnstaged: Scheduler._on_unstaged,
     ev.ActionCancelled: Scheduler._on_cancelled,
     ev.ServiceEvicted: Scheduler._on_service_evicted,
     ev.ClientGone: Scheduler._on_client_gone,

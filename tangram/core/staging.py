@@ -69,6 +69,7 @@ class Stages:
         self.by_id: dict[str, Staged] = {}
         self._behind: dict[str, str] = {}  # predecessor -> its follower
         self._by_sandbox: dict[str, dict[str, None]] = {}
+        self.overran: set[str] = set()  # running actions a staged start was given back from: none behind them
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -170,7 +171,7 @@ def stage(ctx: PassContext, stages: Stages, node: str, queue: list[Waiting], out
     slots: list[tuple[float, int, str, tuple[int, ...], int, int]] = []
     full = float("inf")  # the earliest end of a chain that may not grow (``stage_depth``)
     for i, r in enumerate(ctx.running.on(node, Kind.EXEC).values()):
-        if not r.units:
+        if not r.units or r.spec.action_id in stages.overran:
             continue
         end = now if r.killed else now + expected_left(r, now)
         tail, depth = r.spec.action_id, 0
@@ -237,3 +238,24 @@ def end_unstarted(stages: Stages, aid: str, ok: bool, reason: str, out: list[cmd
     stages.relink(aid, s.after)
     count("finished" if ok else "failed")
     out.append(cmd.Done(aid, ok, reason))
+
+
+def give_back(stages: Stages, aid: str, requeue: Callable[[Waiting], None], out: list[cmd.Command],
+              count: Callable[[str], None]) -> None:
+    """The agent gave staged ``aid`` back unstarted: its predecessor overran the guess. It
+    leaves the stages and queues again in its place (its seq: FCFS holds); what followed it now
+    follows its predecessor, and nothing more is staged behind that predecessor (``overran``,
+    until it ends). One killed meanwhile (its Kill crossed the give-back) ends here, unstarted.
+    Nothing changes when ``aid`` is not staged (a lost node ended it first)."""
+    s = stages.by_id.get(aid)
+    if s is None:
+        return
+    stages.pop(aid)
+    stages.relink(aid, s.after)
+    stages.overran.add(s.after)
+    if s.killed:
+        count("failed")
+        out.append(cmd.Done(aid, False, "killed while staged"))
+        return
+    requeue(s.w)
+    count("unstaged")

@@ -3,7 +3,8 @@
 A `Spawn` goes out at once when its sandbox exists, or right behind its `CreateSandbox` to an
 agent that orders them itself (`spawn_after_create`); otherwise it waits for the creation. A
 staged `Spawn` (`after` set: tangram/core/staging.py) goes out at once too, and the agent starts
-it when `after` has ended there; an agent whose Hello said a minor below 1.6 (`STAGED_MINOR`)
+it when `after` has ended there, or gives it back unstarted when `after` overruns (1.7: the
+action queues again, `ActionUnstaged`); an agent whose Hello said a minor below 1.6 (`STAGED_MINOR`)
 would start it at once instead, so for such an agent it waits here (`deferred`) until `after`'s
 result has come in. `AgentLink` inherits these methods; they use its `agents`, `registry`,
 `post`, `send_request` and task set.
@@ -126,5 +127,9 @@ class CpuCommands:
             self.post(ev.ActionFinished(action_id, ok=False, reason=out.error.code))
             return
         res: ExecOutcome = out.result  # type: ignore[assignment]
+        if res.unstaged:  # a staged start given back unstarted (agent/staged.py): it queues again
+            rec.outcome = None
+            self.post(ev.ActionUnstaged(action_id))
+            return
         ok = not (res.killed or res.timed_out)
         self.post(ev.ActionFinished(action_id, ok=ok, reason=f"exit {res.exit_code}"))

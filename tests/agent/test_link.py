@@ -111,9 +111,9 @@ class FakeController:
         await self.sock.send_multipart([ident, *p.encode(msg, rid, list(blobs))])
 
     async def handshake(self, heartbeat_s: float = 1.0, epoch: int = 7, agent_epoch: int = 1,
-                        timeout: float = RECV_S) -> tuple[bytes, p.Hello]:
+                        timeout: float = RECV_S, minor: int = p.PROTOCOL_MINOR) -> tuple[bytes, p.Hello]:
         ident, env = await self.expect(p.Hello, timeout)
-        await self.send(ident, p.Welcome(p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR, epoch, agent_epoch, heartbeat_s))
+        await self.send(ident, p.Welcome(p.PROTOCOL_MAJOR, minor, epoch, agent_epoch, heartbeat_s))
         return ident, env.msg  # type: ignore[return-value]
 
     async def request(self, ident: bytes, msg: p.Message, blobs: tuple[bytes, ...] = (),
@@ -186,10 +186,10 @@ async def start(tmp_path):
         await run.agent.close()
 
 
-async def welcomed(ctl: FakeController, start, tmp_path, heartbeat_s: float = 1.0,
+async def welcomed(ctl: FakeController, start, tmp_path, heartbeat_s: float = 1.0, minor: int = p.PROTOCOL_MINOR,
                    **kw: Any) -> tuple[Running, bytes, p.Hello]:
     run = await start(make_cfg(ctl, tmp_path, **kw))
-    ident, hello = await ctl.handshake(heartbeat_s=heartbeat_s)
+    ident, hello = await ctl.handshake(heartbeat_s=heartbeat_s, minor=minor)
     return run, ident, hello
 
 

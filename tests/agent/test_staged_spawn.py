@@ -6,13 +6,21 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import test_link
 from test_link import HB, FakeController, sandbox, spawn, two_cpus, welcomed
 
+from agent import staged
 from tangram import protocol as p
 from tangram.outcomes import ExecOutcome
 
 ctl, start = test_link.ctl, test_link.start  # the fixtures of test_link.py
+
+
+@pytest.fixture(autouse=True)
+def patient(monkeypatch):
+    """The tests of what a staged start waits for: no give-back within them (those below set it)."""
+    monkeypatch.setattr(staged, "GIVE_BACK_S", 60.0)
 
 
 async def send(ctl: FakeController, ident: bytes, msg: p.Message) -> int:
@@ -109,3 +117,53 @@ async def test_a_new_session_never_starts_what_the_old_one_staged(ctl, start, tm
     env = await ctl.request(ident, spawn("c", "ls", [core], epoch=8, agent_epoch=2))
     assert b"b.txt" not in env.blobs[0]
     assert not run.agent._running
+
+
+async def test_a_start_whose_predecessor_overruns_is_given_back_unstarted(ctl, start, tmp_path, monkeypatch):
+    """1.7: the core guessed a's end wrong (it runs 2 s): b is given back unstarted after
+    GIVE_BACK_S, before a ends, and never runs; a runs to its end."""
+    monkeypatch.setattr(staged, "GIVE_BACK_S", 0.3)
+    _, ident, _ = await welcomed(ctl, start, tmp_path)
+    await sandbox(ctl, ident)
+    core = two_cpus()[0]
+    a = await send(ctl, ident, spawn("a", "sleep 2", [core]))
+    b = await send(ctl, ident, spawn("b", "echo ran > b.txt", [core], after="a"))
+    (first, env_b), (second, env_a) = await replies(ctl, [a, b])
+    assert (first, second) == (b, a)
+    res = outcome(env_b)
+    assert res.unstaged and not res.killed and res.exit_code == -1 and res.waited_s >= 0.3
+    assert outcome(env_a).exit_code == 0 and not outcome(env_a).unstaged
+    env = await ctl.request(ident, spawn("c", "ls", [core]))
+    assert b"b.txt" not in env.blobs[0]
+
+
+async def test_a_start_given_back_runs_again_and_its_followers_wait_for_that_run_only(ctl, start, tmp_path,
+                                                                                   monkeypatch):
+    """b is given back while a still runs (a longer run); b is sent again on the other core, and c
+    is staged behind that new run: c starts when b's new run ends, not when a does (b's old,
+    dropped flight, which waits for a, is not b's new one)."""
+    monkeypatch.setattr(staged, "GIVE_BACK_S", 0.3)
+    _, ident, _ = await welcomed(ctl, start, tmp_path)
+    await sandbox(ctl, ident)
+    first_core, other = two_cpus()
+    a = await send(ctl, ident, spawn("a", "sleep 2", [first_core]))  # (< 3 heartbeats: no heartbeats here)
+    b = await send(ctl, ident, spawn("b", "true", [first_core], after="a"))
+    [(rid, env)] = await replies(ctl, [b])
+    assert outcome(env).unstaged
+    b2 = await send(ctl, ident, spawn("b", "sleep 0.2; echo b > b.txt", [other]))
+    c = await send(ctl, ident, spawn("c", "cat b.txt", [other], after="b"))
+    got = await replies(ctl, [a, b2, c])
+    assert [r for r, _ in got] == [b2, c, a]  # c ran on b's new run's core well before a ended
+    assert got[1][1].blobs[0] == b"b\n" and not outcome(got[1][1]).unstaged
+
+
+async def test_an_old_controller_never_gets_a_start_back(ctl, start, tmp_path, monkeypatch):
+    """A controller of 1.6 cannot queue a start again: to it the agent waits, as before."""
+    monkeypatch.setattr(staged, "GIVE_BACK_S", 0.1)
+    _, ident, _ = await welcomed(ctl, start, tmp_path, minor=6)
+    await sandbox(ctl, ident)
+    core = two_cpus()[0]
+    a = await send(ctl, ident, spawn("a", "sleep 0.6; echo a-done > a.txt", [core]))
+    b = await send(ctl, ident, spawn("b", "cat a.txt", [core], after="a"))
+    got = await replies(ctl, [a, b])
+    assert [r for r, _ in got] == [a, b] and got[1][1].blobs[0] == b"a-done\n"

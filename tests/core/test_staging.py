@@ -7,6 +7,7 @@ ever used twice, counting a staged action as using its cores only from its prede
 exactly as the agent runs it."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from sched_util import exec_spec, node
@@ -174,52 +175,55 @@ def test_random_report_orders_never_use_a_core_twice():
 
 
 def _random_run(rng: random.Random) -> None:
-    """4 cores, 8 sandboxes, 60 one-core execs with random estimates and kills. An agent model
-    runs what the core sends as agent/staged.py does: a staged Spawn starts when its
-    predecessor's flight is over (at once if it is); a Kill drops a staged one unstarted and
-    reports it at once, but its flight lasts until its own predecessor's is over; a Kill ends a
-    running one."""
+    """4 cores, 8 sandboxes, 60 one-core execs with random estimates, kills and give-backs. An
+    agent model runs what the core sends as agent/staged.py does: a staged Spawn starts once
+    every flight of its predecessor is over (at once if none is); a Kill drops a staged one
+    unstarted and reports it at once, and so does a give-back (``ActionUnstaged``: the core
+    queues it again), and what was staged behind the dropped one waits for its predecessor (a
+    later Spawn of the same action is a flight of its own); a Kill ends a running one."""
     s = Scheduler(CoreConfig(stage=True, stage_within_s=1.0, stage_depth=rng.choice([1, 2, 3])))
     s.handle(node("n1", 4), 0.0)
     for i in range(8):
         open_sb(s, f"sb{i}")
     now = 0.0
     busy: dict[int, str] = {}  # core -> running action
-    waiting: dict[str, list[cmd.Spawn]] = {}  # flight it waits on -> staged spawns
-    dropped: dict[str, str] = {}  # dropped unstarted -> the flight it still waits on
-    ended: set[str] = set()
+    waiting: list[cmd.Spawn] = []  # staged spawns not started
     done: set[str] = set()
     reports: list[tuple[str, bool]] = []
 
-    def over(aid: str) -> str | None:
-        """None when ``aid``'s flight is over, else the running or waiting flight it rests on."""
-        while aid in dropped:
-            aid = dropped[aid]
-        return None if aid in ended and aid not in dropped else aid
+    def open_flight(aid: str) -> bool:
+        return aid in busy.values() or any(w.action_id == aid for w in waiting)
 
     def start(c: cmd.Spawn) -> None:
         for core in c.cores:
             assert core not in busy, f"core {core} used by {busy.get(core)} and {c.action_id}"
             busy[core] = c.action_id
 
+    def settle() -> None:
+        while (ready := next((w for w in waiting if not open_flight(w.after)), None)) is not None:
+            waiting.remove(ready)
+            start(ready)
+
+    def drop(w: cmd.Spawn, event: ev.Event) -> None:
+        """Its followers now wait for its predecessor (agent/staged.py, ``Flights.leave``)."""
+        waiting.remove(w)
+        for i, f in enumerate(waiting):
+            if f.after == w.action_id:
+                waiting[i] = dataclasses.replace(f, after=w.after)
+        apply(s.handle(event, now))
+        settle()
+
     def apply(out: list[cmd.Command]) -> None:
         for c in out:
             if isinstance(c, cmd.Spawn):
-                on = over(c.after) if c.after else None
-                if on is None:
-                    start(c)
+                if c.after and open_flight(c.after):
+                    waiting.append(c)
                 else:
-                    waiting.setdefault(on, []).append(c)
+                    start(c)
             elif isinstance(c, cmd.Kill):
-                held = [(k, w) for k, ws in waiting.items() for w in ws if w.action_id == c.action_id]
-                if held:
-                    k, w = held[0]
-                    waiting[k].remove(w)
-                    dropped[c.action_id] = k
-                    for nxt in waiting.pop(c.action_id, []):
-                        waiting.setdefault(k, []).append(nxt)
-                    ended.add(c.action_id)
-                    apply(s.handle(ev.ActionFinished(c.action_id, ok=False), now))
+                held = next((w for w in waiting if w.action_id == c.action_id), None)
+                if held is not None:
+                    drop(held, ev.ActionFinished(c.action_id, ok=False))
                 elif c.action_id in busy.values():
                     reports.append((c.action_id, False))
             elif isinstance(c, (cmd.Done, cmd.Reject)):
@@ -228,9 +232,7 @@ def _random_run(rng: random.Random) -> None:
     def agent_ends(aid: str, ok: bool) -> None:
         for core in [k for k, v in busy.items() if v == aid]:
             del busy[core]
-        ended.add(aid)
-        for nxt in waiting.pop(aid, []):
-            start(nxt)
+        settle()
         apply(s.handle(ev.ActionFinished(aid, ok=ok), now))
 
     for i in range(60):
@@ -238,6 +240,9 @@ def _random_run(rng: random.Random) -> None:
         apply(submit(s, exec_spec(f"x{i}", f"sb{i % 8}", 1, t_ori=rng.choice([0.1, 0.5, 2.0])), now))
         if rng.random() < 0.15:
             apply(s.handle(ev.ActionCancelled(f"x{rng.randrange(i + 1)}", "cancel"), now))
+        if waiting and rng.random() < 0.25:  # its predecessor overran: the agent gives it back
+            back = rng.choice(waiting)
+            drop(back, ev.ActionUnstaged(back.action_id))
         while reports:
             aid, ok = reports.pop(0)
             if aid in busy.values():
@@ -252,7 +257,7 @@ def _random_run(rng: random.Random) -> None:
                 agent_ends(aid, ok)
             continue
         agent_ends(sorted(set(busy.values()))[0], True)
-    assert not any(waiting.values()) and len(s.stages) == 0 and not s.running and not s.queues.get("cpu")
+    assert not waiting and len(s.stages) == 0 and not s.running and not s.queues.get("cpu")
     assert done == {f"x{i}" for i in range(60)}  # each answered (Done, or Reject when cancelled queued)
     assert s.cpu.nodes["n1"].free == 4
 
@@ -281,3 +286,34 @@ def test_random_bursts_over_many_sandboxes_keep_the_queues_whole():
             t += 0.01
             s.handle(ev.ActionFinished(rng.choice(sorted(s.running))), t)
         assert s.counters["finished"] == 60 and not s.queues.get("cpu") and len(s.stages) == 0, seed
+
+
+def test_a_start_given_back_queues_again_in_its_place_and_nothing_more_is_staged_behind_that_run():
+    """The agent gives a staged start back when its predecessor overruns the guess (agent/staged.py):
+    it queues again ahead of what came after it, and the next free core takes it."""
+    s = two_running(within=1.0)  # b (ends at 5.0) is never within the window
+    assert spawns(submit(s, exec_spec("c", "sb2", 1, t_ori=1.0), 0.1)) == [
+        cmd.Spawn("c", "n1", "sb2", (0,), 1, 1.0, after="a")]
+    assert submit(s, exec_spec("d", "sb2", 1, t_ori=1.0), 0.2) == []  # queued behind c (same sandbox)
+    out = s.handle(ev.ActionUnstaged("c"), 1.5)  # a was to end at 1.0 and still runs
+    assert spawns(out) == [] and len(s.stages) == 0 and "c" in s.queues["cpu"]
+    assert list(s.queues["cpu"]) == ["c", "d"]  # c is back ahead of d: FCFS holds
+    assert submit(s, exec_spec("e", "sb1", 1, t_ori=1.0), 1.6) == []  # nothing staged behind a again
+    out = s.handle(ev.ActionFinished("b"), 5.0)  # b's core frees: c takes it; d is staged behind c
+    assert spawns(out)[0] == cmd.Spawn("c", "n1", "sb2", (1,), 1, 1.0)
+    assert s.running["c"].cores == (1,) and dict(s.counters)["unstaged"] == 1
+    out = s.handle(ev.ActionFinished("a"), 6.0)  # a's end gives its core back (no follower of a)
+    assert "a" not in s.stages.overran and s.cpu.nodes["n1"].free == 0  # e took it
+    assert spawns(out) == [cmd.Spawn("e", "n1", "sb1", (0,), 1, 1.0)]
+
+
+def test_a_give_back_that_crosses_a_kill_ends_the_action_and_one_for_an_unknown_action_changes_nothing():
+    s = two_running()
+    submit(s, exec_spec("c", "sb2", 1, t_ori=1.0), 0.1)
+    out = s.handle(ev.ActionCancelled("c", "cancelled"), 0.2)
+    assert cmd.Kill("c", "n1", "cancelled") in out
+    out = s.handle(ev.ActionUnstaged("c"), 0.3)
+    assert cmd.Done("c", False, "killed while staged") in out and "c" not in s.queues.get("cpu", {})
+    assert s.handle(ev.ActionUnstaged("nobody"), 0.4) == [] and len(s.stages) == 0
+    s.handle(ev.ActionFinished("a"), 1.0)
+    assert s.cpu.nodes["n1"].free == 1  # a's core came back: c never held it

@@ -58,3 +58,37 @@ async def test_short_execs_are_staged_and_each_runs_once(cluster: Any) -> None:
 async def test_stage_starts_false_never_stages(cluster: Any) -> None:
     c = await _run(cluster, stage=False)
     assert c.core.counters.get("staged", 0) == 0
+
+
+async def test_a_start_behind_a_mispredicted_long_run_is_given_back_and_runs_on_the_next_free_core(
+        cluster: Any) -> None:
+    """Adversarial: `echo` has run in milliseconds, so a long `echo ...; sleep 3` is expected to
+    end at once and the blocked queue's head is staged behind it. The agent gives that start
+    back (agent/staged.py, GIVE_BACK_S) and the controller queues it again, so it runs on the
+    other core when that one frees (about 1 s), long before the long one ends (3 s)."""
+    if cpus_for_test() != "0-1":
+        pytest.skip("needs two cores")
+    config = {**CONFIG, "scheduler": {**CONFIG["scheduler"], "stage_starts": True}}
+    c = await cluster("--executor", "process", "--cpus", "0-1", config=config)
+    async with tangram.AsyncClient(c.submit_addr, name="mispredict", default_timeout=60) as tg:
+        fast, slow, other, blocked = [await tg.open_sandbox(mem="16MiB") for _ in range(4)]
+        for i in range(20):  # the type's history: milliseconds
+            assert (await fast.exec(f"echo {i}")).exit_code == 0
+        for sb in (slow, other, blocked):  # placed on the node (only a placed sandbox's exec is staged)
+            assert (await sb.exec("true")).exit_code == 0
+        ended: list[str] = []
+
+        async def run(sb: Any, cmd: str, name: str) -> None:
+            assert (await sb.exec(cmd)).exit_code == 0
+            ended.append(name)
+
+        long = asyncio.ensure_future(run(slow, "echo long; sleep 3", "long"))
+        await asyncio.sleep(0.3)
+        medium = asyncio.ensure_future(run(other, "sleep 1", "medium"))  # the other core
+        await asyncio.sleep(0.3)
+        await asyncio.gather(long, medium, run(blocked, "echo blocked", "blocked"))
+    counters = c.core.counters
+    assert counters.get("staged", 0) >= 1 and counters.get("unstaged", 0) >= 1, counters
+    assert ended == ["medium", "blocked", "long"], ended  # it ran on the core the medium one freed
+    node = c.core.cpu.nodes["n1"]
+    assert node.free == node.total and not c.core.stages.overran and len(c.core.stages) == 0
