@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
-from support.cli import CLI, clean_env, tangram
+from support.cli import CLI, clean_env, run_up, tangram
 
 import tangram as tg
 from tangram.core.pool import PoolPolicy
@@ -40,7 +39,6 @@ from tangram_cli.commands.up import differences
 from tangram_cli.controller.config import ControllerConfig, parse_config
 from tangram_cli.controller.jobs_config import JobConf
 from tangram_cli.errors import BootstrapError
-from tangram_cli.main import cli
 
 UP = ("up", "--executor", "process", "--gpus", "1", "--gpu-mem", "1GiB")
 
@@ -225,13 +223,6 @@ def test_differences_with_the_recorded_pools_and_jobs(
 
 
 # ---------------------------------------------------------------- the CLI refuses bad values
-
-
-def run_up(home: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
-    monkeypatch.setenv("TANGRAM_HOME", str(home))
-    for var in ("TANGRAM_ADDR", "TANGRAM_INVENTORY", "TANGRAM_CLUSTER", "TANGRAM_CERTS"):
-        monkeypatch.delenv(var, raising=False)
-    return CliRunner().invoke(cli, ["up", *args], catch_exceptions=False)
 
 
 @pytest.mark.parametrize(

@@ -20,13 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
-from support.cli import tangram
+from support.cli import run_up, tangram
 
 from tangram_cli import state as st
 from tangram_cli.bootstrap.local_flags import LocalExtras, PoolFlag, parse_job_flags
 from tangram_cli.controller.config import ControllerConfig
-from tangram_cli.main import cli
 
 UP = ("up", "--executor", "process", "--gpus", "1", "--gpu-mem", "1GiB")
 
@@ -59,13 +57,6 @@ def recorded_cluster(home: Path) -> st.ClusterState:
     )
     st.write(state)
     return state
-
-
-def run_up(home: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
-    monkeypatch.setenv("TANGRAM_HOME", str(home))
-    for var in ("TANGRAM_ADDR", "TANGRAM_INVENTORY", "TANGRAM_CLUSTER", "TANGRAM_CERTS"):
-        monkeypatch.delenv(var, raising=False)
-    return CliRunner().invoke(cli, ["up", *args], catch_exceptions=False)
 
 
 @pytest.mark.parametrize(

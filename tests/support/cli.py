@@ -4,6 +4,8 @@
   TANGRAM_* that picks a cluster removed (``clean_env``), so nothing touches the real ~/.tangram.
 * ``local_cluster(home, *up_args)``: `tangram up` (the local default) on entry, `tangram down` on
   exit; both must exit 0.
+* ``run_up(home, monkeypatch, *args)``: `tangram up` in this process (click's runner), with the
+  same environment rules (set through ``monkeypatch``).
 
 Imported as ``support.cli`` (tests/conftest.py puts tests/ on sys.path): not through the ``tests``
 package, which a verl wheel shadows with a top-level ``tests`` package of its own.
@@ -17,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 CLI = [sys.executable, "-c", "from tangram_cli.main import cli; cli()"]
 CLUSTER_VARS = ("TANGRAM_ADDR", "TANGRAM_INVENTORY", "TANGRAM_CLUSTER", "TANGRAM_CERTS")
@@ -47,3 +50,15 @@ def local_cluster(home: Path, *up_args: str) -> Iterator[Path]:
     finally:
         down = tangram("down", home=home, timeout=60)
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+def run_up(home: Path, monkeypatch: Any, *args: str) -> Any:
+    """`tangram up ARGS` through click's runner, TANGRAM_HOME at ``home``, no other cluster variable."""
+    from click.testing import CliRunner
+
+    from tangram_cli.main import cli
+
+    monkeypatch.setenv("TANGRAM_HOME", str(home))
+    for var in CLUSTER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    return CliRunner().invoke(cli, ["up", *args], catch_exceptions=False)
