@@ -107,9 +107,10 @@ class ControllerConfig:
     max_client_bytes: int = 256 << 20
     max_held_bytes: int = 2 << 30
     # Staged starts (tangram/core/staging.py): a blocked node's next short exec is sent before its
-    # cores are free and started by the agent when they are. Off by default: with the Docker executor
-    # the chaos bench lost actions across controller and agent kills with it on (docs/recovery.md).
-    stage_starts: bool = False
+    # cores are free and started by the agent when they are (given back after 0.5 s if the guess
+    # was wrong: protocol 1.7). On by default; the chaos bench's Docker and process runs with it on
+    # are in docs/recovery.md.
+    stage_starts: bool = True
     services: tuple[ServiceConf, ...] = ()
     apis: tuple[ApiConf, ...] = ()
     profiles: dict[str, Elasticity] = field(default_factory=lambda: dict(BUILTIN_PROFILES))
@@ -344,7 +345,7 @@ def parse_config(raw: dict[str, Any]) -> ControllerConfig:
         max_outbox=_int(sched.get("max_outbox", 1024), "scheduler.max_outbox", 1),
         max_client_bytes=_int(sched.get("max_client_bytes", 1 << 28), "scheduler.max_client_bytes", 1 << 20),
         max_held_bytes=_int(sched.get("max_held_bytes", 1 << 31), "scheduler.max_held_bytes", 1 << 20),
-        stage_starts=_flag(sched.get("stage_starts", False), "scheduler.stage_starts"),
+        stage_starts=_flag(sched.get("stage_starts", True), "scheduler.stage_starts"),
         services=tuple(services),
         apis=tuple(apis),
         profiles=profiles,

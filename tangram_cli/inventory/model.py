@@ -283,7 +283,7 @@ class SchedulerSpec(Spec):
     depth: int = 2
     client_grace: DurationMs = 60_000
     default_profile: str | None = None
-    stage_starts: bool = False  # staged starts (tangram/core/staging.py); off: starts wait for free cores
+    stage_starts: bool = True  # staged starts (tangram/core/staging.py); off: starts wait for free cores
 
     @field_validator("depth")
     @classmethod
@@ -488,7 +488,7 @@ class Scheduler:
     depth: int
     client_grace_ms: int
     default_profile: str | None
-    stage_starts: bool = False
+    stage_starts: bool = True
 
 
 @dataclass(frozen=True)

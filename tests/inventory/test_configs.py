@@ -38,7 +38,7 @@ FULL = {
         "max_outbox": 32,
         "max_client_bytes": 1 << 21,
         "max_held_bytes": 1 << 22,
-        "stage_starts": True,
+        "stage_starts": False,
     },
     "services": [
         {"name": "rm", "runtime": "torch", "model": "/m/rm", "gpu_mem_mib": 2048, "chunk_sizes": [1, 2],
@@ -90,9 +90,10 @@ def test_every_setting_survives_the_file() -> None:
 
 def test_stage_starts_goes_from_the_inventory_to_the_controller_and_bad_values_are_named() -> None:
     text = (ROOT / "inventory" / "local.yaml").read_text()
-    assert controller_config(load_inventory(text)).stage_starts is False  # the default: off
-    on = load_inventory(text.replace("  depth: 2", "  depth: 2\n  stage_starts: true", 1))
-    assert on.scheduler.stage_starts is True and controller_config(on).stage_starts is True
+    assert controller_config(load_inventory(text)).stage_starts is True  # the default: on
+    off = load_inventory(text.replace("  depth: 2", "  depth: 2\n  stage_starts: false", 1))
+    assert off.scheduler.stage_starts is False and controller_config(off).stage_starts is False
+    assert parse_config({}).stage_starts is True
     with pytest.raises(ConfigError, match="scheduler.stage_starts: expected true or false"):
         parse_config({"scheduler": {"stage_starts": "no"}})
 
