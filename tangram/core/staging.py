@@ -250,12 +250,11 @@ def give_back(stages: Stages, aid: str, requeue: Callable[[Waiting], None], out:
     s = stages.by_id.get(aid)
     if s is None:
         return
-    stages.pop(aid)
-    stages.relink(aid, s.after)
     stages.overran.add(s.after)
     if s.killed:
-        count("failed")
-        out.append(cmd.Done(aid, False, "killed while staged"))
+        end_unstarted(stages, aid, False, "killed while staged", out, count)
         return
+    stages.pop(aid)
+    stages.relink(aid, s.after)
     requeue(s.w)
     count("unstaged")
