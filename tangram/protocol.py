@@ -145,6 +145,7 @@ __all__ = [
     "SESSIONS_MINOR",
     "STAGED_MINOR",
     "UNSTAGE_MINOR",
+    "RESEND_MINOR",
     "TAG",
     "TOKEN_BYTES",
     "UNBATCHED",
@@ -218,6 +219,7 @@ __all__ = [
     "pack",
     "packed",
     "stamp",
+    "as_resend",
     "type_code",
     "version_problem",
 ]
@@ -225,11 +227,12 @@ __all__ = [
 PROTOCOL_MAJOR = 1
 # 1.1 Welcome.max_outstanding, 1.2 Welcome.durable, 1.3 sessions, 1.4 run vs total budgets, 1.5 batches,
 # 1.6 staged starts (Spawn.after), 1.7 a staged start given back unstarted (ExecOutcome.unstaged)
-PROTOCOL_MINOR = 7
+PROTOCOL_MINOR = 8
 SESSIONS_MINOR = 3  # the first minor whose clients carry session tokens; the controller refuses older ones
 BATCH_MINOR = 5  # the first minor whose peers read (and may send) batches
 STAGED_MINOR = 6  # the first minor whose agents start a Spawn(after=A) themselves when A ends
 UNSTAGE_MINOR = 7  # the first minor whose controllers take a staged start back (ExecOutcome.unstaged)
+RESEND_MINOR = 8  # the first minor whose controllers read the resend flag (`as_resend`)
 BATCH = 0x0A  # the type code of a batch (rule 7); no message class: its body is a list, not a map
 BATCH_MAX = 256  # messages in one batch
 BATCH_BODY_BYTES = 2 * (1 << 20)  # the batch's body (the items' bodies together)
@@ -243,6 +246,8 @@ MAX_BODY_BYTES = 1 << 20  # one msgpack body
 MAX_MESSAGE_BYTES = 64 << 20  # all frames of one message together; also zmq.MAXMSGSIZE (per frame)
 MAX_BLOBS = 8
 _HEADER = struct.Struct(">Q")
+FLAG_RESEND = 0x01  # 1.8: frame 2's last byte after the session token on a resent request (`as_resend`)
+_FLAGGED = _HEADER.size + TOKEN_BYTES + 1
 
 _UNPACK_LIMITS: dict[str, int] = {
     "max_str_len": MAX_TEXT,
@@ -266,6 +271,7 @@ class Envelope:
     msg: Message
     blobs: tuple[bytes, ...] = ()
     token: bytes = b""
+    resend: bool = False  # 1.8: a client library's copy of a request it sent before a `Welcome` (`as_resend`)
 
 
 def _validate(
@@ -318,6 +324,17 @@ def stamp(frames: list[bytes], token: bytes) -> list[bytes]:
     return [frames[0], frames[1], frames[2][: _HEADER.size] + token, *frames[3:]]
 
 
+def as_resend(frames: list[bytes]) -> list[bytes]:
+    """`frames` (a request with its session token, from `encode`/`stamp`) marked as a resend (1.8):
+    frame 2 ends with `FLAG_RESEND`. The client library marks the copies it sends after a `Welcome`
+    of requests it sent before; a controller does not answer such a copy again when the request's
+    final reply already went out on the connection the copy came over (docs/protocol.md)."""
+    rid = frames[2][: _HEADER.size + TOKEN_BYTES]
+    if len(rid) != _HEADER.size + TOKEN_BYTES:
+        raise ValueError("only a request that carries a session token can be marked as a resend")
+    return [frames[0], frames[1], rid + bytes((FLAG_RESEND,)), *frames[3:]]
+
+
 def encode_trusted(msg: Message, request_id: int, blobs: Sequence[bytes] = ()) -> list[bytes]:
     """Frames for a message built only from values that were already checked: fields of a
     decoded message or of a typed outcome (`tangram.outcomes`). The controller's hot path uses
@@ -364,7 +381,7 @@ def _frames(frames: object) -> list[bytes]:
     return out
 
 
-def _header(frames: list[bytes]) -> tuple[type[Message], int, bytes]:
+def _header(frames: list[bytes]) -> tuple[type[Message], int, bytes, bool]:
     tag, kind, rid = frames[0], frames[1], frames[2]
     if tag != TAG:
         if len(tag) == 4 and tag.startswith(_TAG_PREFIX) and tag[3:].isdigit():
@@ -377,17 +394,21 @@ def _header(frames: list[bytes]) -> tuple[type[Message], int, bytes]:
     if len(kind) != 1 or kind[0] not in _BY_CODE:
         raise schema_error("frame 1", f"unknown message type {kind[:4].hex() or '(empty)'}")
     token = b""
+    resend = False
     if len(rid) != _HEADER.size:
+        if len(rid) == _FLAGGED and rid[-1] == FLAG_RESEND:
+            rid, resend = rid[:-1], True
         if len(rid) != _HEADER.size + TOKEN_BYTES:
             raise schema_error(
                 "frame 2",
-                f"request id must be {_HEADER.size} bytes (+ {TOKEN_BYTES} of session token), got {len(rid)}",
+                f"request id must be {_HEADER.size} bytes (+ {TOKEN_BYTES} of session token "
+                f"[+ the resend flag {FLAG_RESEND}]), got {len(frames[2])}",
             )
         rid, token = rid[: _HEADER.size], rid[_HEADER.size :]
     (request_id,) = _HEADER.unpack(rid)
     if request_id > INT64_MAX:
         raise schema_error("frame 2", "request id over 2**63 - 1")
-    return _BY_CODE[kind[0]], request_id, token
+    return _BY_CODE[kind[0]], request_id, token, resend
 
 
 def _unpack(cls: type[Message], body: bytes) -> dict[str, object]:
@@ -405,11 +426,11 @@ def decode(frames: Sequence[bytes]) -> Envelope:
     parts = _frames(frames)
     if sum(len(p) for p in parts) > MAX_MESSAGE_BYTES:
         raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"message over {MAX_MESSAGE_BYTES} bytes")
-    cls, request_id, token = _header(parts)
+    cls, request_id, token, resend = _header(parts)
     _check_sizes(cls, parts)
     values = _unpack(cls, parts[3])
     msg = _build(cls, _validate(cls, values, values.__contains__))
-    return Envelope(cls.TYPE, request_id, msg, tuple(parts[4:]), token)
+    return Envelope(cls.TYPE, request_id, msg, tuple(parts[4:]), token, resend)
 
 
 # ---------------------------------------------------------------- batches (rule 7)

@@ -112,6 +112,7 @@ class Transport:
         self._closed = False
         self.token = b""  # the session token from the controller's Welcome (protocol 1.3)
         self._batches = False  # the controller's Welcome said minor >= BATCH_MINOR
+        self._flag_resends = False  # ... >= RESEND_MINOR: resends carry the flag (`protocol.as_resend`)
         self._batch: list[list[bytes]] = []  # requests of this loop iteration, sent as one batch
         self.batches_sent = 0  # BATCH messages sent (each carries 2 to SEND_BATCH requests)
         self._reconnected = 0.0  # when the transport last reconnected by itself (monotonic)
@@ -422,6 +423,7 @@ class Transport:
 
     def _on_welcome(self, msg: protocol.Welcome) -> None:
         self._batches = msg.minor >= protocol.BATCH_MINOR
+        self._flag_resends = msg.minor >= protocol.RESEND_MINOR
         token = bytes.fromhex(msg.session)
         if token != self.token:  # a new session (the first, or a controller restarted without state)
             self.token = token
@@ -470,7 +472,9 @@ class Transport:
                 continue
             self.resent += 1
             p.sent_at = time.monotonic()
-            self._send(p.frames)
+            # Marked (1.8): if its final reply is already on its way over this connection, the
+            # controller does not send it again (a copy would only be a stray reply here).
+            self._send(protocol.as_resend(p.frames) if self._flag_resends and self.token else p.frames)
 
 
 def _retrieve(fut: asyncio.Future[None]) -> None:

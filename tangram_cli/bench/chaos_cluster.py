@@ -374,6 +374,9 @@ class ChaosCluster:
             _close_pipes(proc)
 
 
+_GATEWAY_COUNTERS = ("joined", "replayed", "resends_already_answered")
+
+
 def _close_pipes(proc: subprocess.Popen[str]) -> None:
     for pipe in (proc.stdin, proc.stdout):
         if pipe is not None:
@@ -426,7 +429,7 @@ def quiesce(c: ChaosCluster, victims: dict[str, float]) -> dict[str, Any]:
         "cores_used": sum(n.get("cpus_used", 0) for n in nodes),
         "gpus_busy": sum(n.get("gpus_busy", 0) for n in nodes),
         "api_in_flight": sum(a.get("in_flight", 0) for a in seen["st"].get("apis") or []),
-        "gateway": {k: v for k, v in (cl.get("counters") or {}).items() if k in ("joined", "replayed")},
+        "gateway": {k: v for k, v in (cl.get("counters") or {}).items() if k in _GATEWAY_COUNTERS},
         "containers": tangram_containers(c.cluster) if c.executor == "docker" else [],
     }
 

@@ -123,6 +123,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers, FileRequests
         self.counters: dict[str, int] = {
             "bad_requests": 0,
             "replayed": 0,
+            "resends_already_answered": 0,  # marked resends whose final was on its way (replies.py)
             "joined": 0,
             "clients_gone": 0,
             "retry_later_client": 0,  # refused: the client's outstanding cap
@@ -239,7 +240,7 @@ class Gateway(Resumed, Presence, Replies, Sessions, Holds, Answers, FileRequests
             self._attach(client, fd)
         if self._session_traffic(client, msg, rid):
             return
-        if self._replay(ident, rid):  # a resent request: answered again, never run twice
+        if self._replay(ident, rid, env.resend):  # a resent request: answered again, never run twice
             return
         sandbox = getattr(msg, "sandbox", "")
         if sandbox and (sb := self.registry.sandboxes.get(sandbox)) is not None and sb.restoring:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,7 @@ class ClientState:
     user: str = ""  # with CURVE: the User-Id (public key) the session is bound to
     owner: str = ""  # what status calls it: the CURVE key's name, else the Hello name
     route: int = -1  # the connection its own frames come over (SRCFD); -1: none now, send nothing
+    conn: int = 0  # a new number (sessions.py `_conns`) each time `route` changes: which connection it is
     blocked: bool = False  # a frame of another connection came over this identity since its last own one
     refused: int = 0  # frames refused on this identity (wrong token or key)
     beat_sent: float = 0.0  # when it was last sent a `Heartbeat` (controller clock)
@@ -71,6 +72,7 @@ class CacheEntry:
     expires: float = 0.0
     counted: bool = False  # counts toward the client's outstanding requests until its final reply
     size: int = 0  # a large final's bytes while they count in `Replies.cache_large_bytes`
+    conn: int = 0  # the client's `conn` its final was handed to (0: not handed to a connection)
 
 
 class Replies:
@@ -88,6 +90,7 @@ class Replies:
     _touch_gone: Callable[[bytes], int]
     _tag: Callable[[bytes], str]
     _watch_routes: Callable[[], None]
+    _conns: Iterator[int]
 
     def _init_replies(self) -> None:
         self.cache: OrderedDict[tuple[bytes, int], CacheEntry] = OrderedDict()
@@ -150,7 +153,7 @@ class Replies:
         entry.expires = self.clock.now() + CACHE_TTL_S
         self._keep_large(key, entry, frames)
         self.ledger.answered(ident, rid, entry.kind, frames)  # on disk before the client can see it
-        self._deliver(ident, frames)
+        entry.conn = self._deliver(ident, frames)
 
     def _keep_large(self, key: tuple[bytes, int], entry: CacheEntry, frames: list[bytes]) -> None:
         """Count a large final against the cache's byte budget; past it, keep the oldest as stubs."""
@@ -198,17 +201,23 @@ class Replies:
         self._cache_put(key, CacheEntry(kind, action_id, counted=True))
         self.outstanding[client.ident] = self.outstanding.get(client.ident, 0) + 1
 
-    def _replay(self, ident: bytes, rid: int) -> bool:
+    def _replay(self, ident: bytes, rid: int, resend: bool = False) -> bool:
         """A copy of a request seen before: its cached final reply again, or `Accepted` again
-        when it still waits (a joined request). False when the request id is new."""
+        when it still waits (a joined request). False when the request id is new. A copy marked
+        as a library resend (`resend`, protocol 1.8) whose final reply was already handed to the
+        connection the copy came over gets nothing: that reply is on its way (in order, over the
+        same connection), and a second one would only be a stray reply to the client."""
         key = (ident, rid)
         entry = self.cache.get(key)
         if entry is None:
             return False
         self.cache.move_to_end(key)
         if entry.final is not None:
+            if resend and entry.conn and self._on_its_way(ident, entry.conn):
+                self.counters["resends_already_answered"] += 1
+                return True
             self.counters["replayed"] += 1
-            self._deliver(ident, entry.final)
+            entry.conn = self._deliver(ident, entry.final)
         else:
             self.counters["joined"] += 1
             if entry.kind in ("exec", "call"):
@@ -260,23 +269,31 @@ class Replies:
         else:
             self.outstanding.pop(ident, None)
 
-    def _deliver(self, ident: bytes, frames: list[bytes]) -> None:
+    def _on_its_way(self, ident: bytes, conn: int) -> bool:
+        """The client's route is still connection `conn` (`ClientState.conn`)."""
+        self._watch_routes()
+        client = self.clients.get(ident)
+        return client is not None and client.route >= 0 and client.conn == conn
+
+    def _deliver(self, ident: bytes, frames: list[bytes]) -> int:
         """Send a final reply (`frames`, without the identity) now, or keep it in the client's
         bounded outbox (order kept). A session without a route always waits (sessions.py, rules 2
-        and 3). While the batcher holds, the monitor is read once at its release instead."""
+        and 3). While the batcher holds, the monitor is read once at its release instead. Returns
+        the `ClientState.conn` it was handed to (0: kept, or sent without a session)."""
         if not self.batcher.depth:
             self._watch_routes()
         client = self.clients.get(ident)
         if client is None:  # gone: sent if its connection is still up; it stays in the cache for a resend
             if self._touch_gone(ident) < 0 or not send_now(self.wire, [ident, *frames]):
                 self.counters["send_dropped"] += 1
-            return
+            return 0
         if client.route >= 0:
             if ident in self.outbox:
                 self._flush(ident)
             if ident not in self.outbox and self.batcher.send(ident, frames):
-                return
+                return client.conn
         self._keep(ident, frames)
+        return 0
 
     def _keep(self, ident: bytes, frames: list[bytes]) -> None:
         """Keep a final reply (`frames` without the identity) in the client's bounded outbox."""
@@ -286,6 +303,8 @@ class Replies:
         used = self.outbox_bytes.get(ident, 0)
         if len(box) >= self.config.max_outbox or used + size > self.config.max_client_bytes:
             self.counters["outbox_overflows"] += 1
+            if (client := self.clients.get(ident)) is not None:  # a final is dropped: no resend may be
+                client.conn = next(self._conns)  # taken for one on its way (`_replay`)
             self._overflow(ident, len(box))
             return
         box.append((frames, size))

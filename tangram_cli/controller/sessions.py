@@ -58,6 +58,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import itertools
 import logging
 import os
 import secrets
@@ -181,6 +182,7 @@ class Sessions:
         self.curve_on = False  # with CURVE: sessions are bound to their User-Id
         self.key_name: Callable[[str], str | None] | None = None  # curve.ServerAuth.name_of
         self.routes: dict[int, bytes] = {}  # connection (descriptor) -> the identity whose route it is
+        self._conns = itertools.count(1)  # `ClientState.conn`: one number per route a session was given
         self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self._monitor_sync = shadow(self._monitor)
         for name in (
@@ -345,12 +347,12 @@ class Sessions:
         """``fd`` is the connection the session's own frame just came over: its replies go there."""
         if client.route >= 0 and self.routes.get(client.route) == client.ident:
             del self.routes[client.route]
-        client.route = fd
+        client.route, client.conn = fd, next(self._conns)
         if fd >= 0:
             client.blocked = False
             old = self.routes.get(fd)
             if old is not None and old != client.ident and (other := self.clients.get(old)) is not None:
-                other.route = -1  # a reused descriptor whose disconnect was not read yet
+                other.route, other.conn = -1, next(self._conns)  # reused descriptor, disconnect unread
             self.routes[fd] = client.ident
 
     def _watch_routes(self) -> None:
@@ -371,7 +373,7 @@ class Sessions:
                         continue
                     client = self.clients.get(ident)
                     if client is not None and client.route == fd:
-                        client.route = -1
+                        client.route, client.conn = -1, next(self._conns)
                         self.counters["client_drops"] += 1  # a live session's link ended without Bye
                     gone = self.gone.get(ident)
                     if gone is not None and gone.route == fd:

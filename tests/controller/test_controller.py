@@ -247,7 +247,7 @@ async def test_status_records(controller, agent, raw_client) -> None:
     rec = env_.msg.records
     assert set(rec) == {"cluster", "nodes", "services", "apis", "queue", "actions", "clients", "jobs"}
     cl = rec["cluster"]
-    assert cl["name"] == "test" and cl["agents_up"] == 1 and cl["proto"] == "1.7" and cl["uptime_s"] > 0
+    assert cl["name"] == "test" and cl["agents_up"] == 1 and cl["proto"] == f"{p.PROTOCOL_MAJOR}.{p.PROTOCOL_MINOR}" == "1.8" and cl["uptime_s"] > 0
     assert cl["wait_p50_s"] is not None and cl["counters"]["finished"] >= 1
     node = rec["nodes"][0]
     assert node["node"] == "n1" and node["state"] == "idle" and node["cpus_total"] == 2

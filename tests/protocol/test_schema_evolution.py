@@ -98,7 +98,7 @@ def without_default(cls: type[p.Message]) -> tuple[str, ...]:
 
 
 def test_version_constants() -> None:
-    assert (p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR, p.TAG) == (1, 7, b"TGR1")
+    assert (p.PROTOCOL_MAJOR, p.PROTOCOL_MINOR, p.TAG) == (1, 8, b"TGR1")
     assert (p.SESSIONS_MINOR, p.TOKEN_BYTES) == (3, 24)
     assert p.MAX_BODY_BYTES == 1 << 20
     assert p.MAX_MESSAGE_BYTES >= p.MAX_BODY_BYTES
