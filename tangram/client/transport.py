@@ -180,9 +180,13 @@ class Transport:
                     fut.exception()
         self._pending.clear()
         if self._task is not None:
-            self._task.cancel()
+            # Python 3.11's wait_for (in `_watch`) can drop a cancel that crosses a monitor event:
+            # cancel until the task is done (its loop also ends on `_closed`), never wait forever
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=0.5)
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+                self._task.result()
         if self._sock is not None:
             if self.epoch is not None:  # say goodbye: the controller releases this client's work now
                 with contextlib.suppress(Exception):
@@ -294,7 +298,7 @@ class Transport:
         # `tangram bench burst` wraps `_on_envelope` (looked up per message) to count finals
         self._reader = SocketReader(self._sync, self._on_frames, before=self._flush_out)
         try:
-            while True:
+            while not self._closed:
                 await self._watch(self.heartbeat_s / 2)
                 self._tick()
                 self._poke()

@@ -50,3 +50,4 @@ async def test_resends_after_a_restart_carry_the_flag_for_a_controller_that_read
         await transport.close()
         router.close(0)
         ctx.term()
+
