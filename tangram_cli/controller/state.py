@@ -251,8 +251,14 @@ def encode_to(
 
 
 async def cancel_tasks(tasks: set[asyncio.Task[Any]]) -> None:
-    for t in list(tasks):
-        t.cancel()
+    """Cancel `tasks` and wait until each is done. Python 3.11's `asyncio.wait_for` (the driver's
+    idle wait) can drop a cancel that crosses the event it waited for, and the task then runs on:
+    one still running half a second after its cancel is cancelled again."""
+    running = {t for t in tasks if not t.done()}
+    while running:
+        for t in running:
+            t.cancel()
+        _, running = await asyncio.wait(running, timeout=0.5)
     for t in list(tasks):
         with contextlib.suppress(asyncio.CancelledError, Exception):
-            await t
+            t.result()

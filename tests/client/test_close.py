@@ -42,3 +42,4 @@ async def test_close_returns_when_the_reader_task_drops_a_cancel() -> None:
         await transport.close()
         router.close(0)
         ctx.term()
+
