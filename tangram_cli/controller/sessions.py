@@ -344,7 +344,11 @@ class Sessions:
 
     # ------------------------------------------------------------ routes (rule 3)
     def _attach(self, client: ClientState, fd: int) -> None:
-        """``fd`` is the connection the session's own frame just came over: its replies go there."""
+        """``fd`` is the connection the session's own frame just came over: its replies go there.
+        The monitor is read first: a connection that ended before ``fd`` was reused for this one
+        left its disconnect there (libzmq writes it before it closes the descriptor), and read
+        after the attach it would take this session's new route away."""
+        self._watch_routes()
         if client.route >= 0 and self.routes.get(client.route) == client.ident:
             del self.routes[client.route]
         client.route, client.conn = fd, next(self._conns)
