@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import zmq
 import zmq.asyncio
+from support.waiting import until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "controller"))
 
@@ -183,16 +184,20 @@ async def test_stdin_of_queued_execs_stops_at_the_client_cap(
         async with tangram.AsyncClient(controller["submit_addr"], name="stdin") as tg:
             sb = await tg.open_sandbox()
             await sb.exec("true", timeout=20)
-            blocker = asyncio.ensure_future(sb.exec("sleep 2", timeout=30))  # the one core
+            # the one core, until the test puts `go` (no timing: a loaded machine only waits longer)
+            blocker = asyncio.ensure_future(sb.exec("while [ ! -e go ]; do sleep 0.05; done", timeout=60))
             await asyncio.sleep(0.3)
             base = rss_mib(pid)
             execs = [asyncio.ensure_future(sb.exec("wc -c", stdin=data(i), timeout=60)) for i in range(8)]
-            done, _ = await asyncio.wait(execs, timeout=1.5)
+            await until(lambda: sum(t.done() for t in execs) >= 6, timeout=20, what="six refusals")
+            await asyncio.sleep(0.2)  # a seventh answer would be a wrong one
+            done = {t for t in execs if t.done()}
             grown = rss_mib(pid) - base
             refused = [t.exception() for t in done if t.exception() is not None]
             assert len(refused) == 6, refused  # two queued: 32 MiB of stdin held
             assert all(e.code is not None and e.code.value == "OVER_CAP" for e in refused), refused  # type: ignore[union-attr]
             assert grown < 96, f"controller RSS grew {grown:.0f} MiB for 32 MiB queued"
+            await sb.put("go", b"")
             await blocker
             ran = [t for t in execs if t not in done]
             assert [(await t).stdout.strip() for t in ran] == [str(BLOB)] * 2
