@@ -323,6 +323,9 @@ class Replies:
             if not send_now(self.wire, frames):
                 return
             box.popleft()
+            entry = self.cache.get((ident, int.from_bytes(frames[3][:8], "big")))
+            if entry is not None and entry.final is not None and entry.final[3] is frames[4]:
+                entry.conn = client.conn  # handed to this connection now (`_replay`)
             self.outbox_bytes[ident] -= size
             self.outbox_total -= size
         self._drop_outbox(ident)

@@ -63,3 +63,30 @@ async def test_a_marked_copy_over_a_new_connection_is_answered(controller, agent
     again = await _next_final(raw)
     assert again.request_id == 5 and again.msg == first.msg
     assert counters["resends_already_answered"] == 0
+
+
+async def test_a_final_kept_while_disconnected_counts_as_sent_once_the_new_connection_takes_it(
+    controller, agent, raw_client
+) -> None:
+    raw = raw_client(controller.submit_addr)
+    await raw.send(p.SandboxOpen(), 1)
+    sandbox = (await raw.final(1)).msg.body["sandbox"]
+    exec_frames = p.encode(p.Exec(sandbox, "sleep 0.5; echo done", 1, 1), 7, token=raw.token)
+    await raw.send_raw(exec_frames)
+    await until(lambda: agent.runs, what="the exec started")
+    gateway = controller.gateway
+    drops = gateway.counters["client_disconnects"]
+    ident = raw.sock.getsockopt(zmq.IDENTITY)
+    raw.sock.close(0)
+    await until(lambda: gateway.counters["client_disconnects"] > drops, what="the disconnect seen")
+    entry = gateway.cache[(ident, 7)]
+    await until(lambda: entry.final is not None, what="the final, kept for the session")
+    assert ident in gateway.outbox  # kept: its connection is gone
+    raw.sock = raw.ctx.socket(zmq.DEALER)
+    raw.sock.setsockopt(zmq.IDENTITY, ident)
+    raw.sock.setsockopt(zmq.LINGER, 0)
+    raw.sock.connect(controller.submit_addr)
+    await raw.send_raw(p.as_resend(exec_frames))  # its frame sends the kept final over this connection
+    await raw.send(p.SandboxOpen(), 8)
+    got = [(await _next_final(raw)).request_id, (await _next_final(raw)).request_id]
+    assert got == [7, 8] and gateway.counters["resends_already_answered"] == 1
