@@ -559,9 +559,9 @@ class Scheduler:
             return w.status
         return ADMITTED if aid in self.running or aid in self.stages else None
 
-    def snapshot(self, limit: int | None = None) -> Snapshot:
-        """A read-only view for status and metrics (``views.snapshot``)."""
-        return views.snapshot(self, limit)
+    def snapshot(self, limit: int | None = None, now: float | None = None) -> Snapshot:
+        """A read-only view for status and metrics at ``now`` (``views.snapshot``)."""
+        return views.snapshot(self, limit, now)
 
 
 def _api_pool(name: str) -> str:

@@ -12,10 +12,13 @@ if TYPE_CHECKING:
     from tangram.core.scheduler import Scheduler
 
 
-def snapshot(s: Scheduler, limit: int | None = None) -> Snapshot:
+def snapshot(s: Scheduler, limit: int | None = None, now: float | None = None) -> Snapshot:
     """``limit``: only the first ``limit`` waiting actions in FCFS order get a queue row
     (``queued`` still counts them all), so a status query costs O(limit), not O(queue), during
-    a burst."""
+    a burst. ``now``: the reader's time (the controller's clock), for what ages while no event
+    comes (queue waits, API keys' minute windows and cool-downs); the core's own time when
+    None or earlier. Changes nothing in the scheduler."""
+    at = s.now if now is None else max(s.now, now)
     nodes = [node_row(name, s.cpu.nodes.get(name), s.gpu.nodes.get(name))
              for name in sorted(set(s.cpu.nodes) | set(s.gpu.nodes))]
     services = tuple(
@@ -26,7 +29,7 @@ def snapshot(s: Scheduler, limit: int | None = None) -> Snapshot:
     pools = s.queues
     apis = tuple(
         {"api": a.name, "mode": a.mode, "limit": a.limit, "in_flight": len(a.in_flight), "used": a.used,
-         "queued": len(pools.get("api:" + a.name, {})), "keys": a.keys.rows(s.now)}
+         "queued": len(pools.get("api:" + a.name, {})), "keys": a.keys.rows(at)}
         for a in sorted(s.basic.apis.values(), key=lambda a: a.name)
     )
     queued = sum(len(q) for q in pools.values())
@@ -35,7 +38,7 @@ def snapshot(s: Scheduler, limit: int | None = None) -> Snapshot:
     else:  # each pool is in submission order: merge their heads
         merged = heapq.merge(*(q.values() for q in pools.values()), key=lambda w: w.seq)
         rows = list(itertools.islice(merged, max(0, limit)))
-    queue = tuple(queue_row(w, s._pool(w.spec), s.now) for w in rows)
+    queue = tuple(queue_row(w, s._pool(w.spec), at) for w in rows)
     return Snapshot(s.now, tuple(nodes), services, apis, queue, queued, len(s.running),
                     tuple(sorted(s.counters.items())), job_rows(s), len(s.stages))
 

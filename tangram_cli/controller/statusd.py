@@ -167,7 +167,7 @@ def build_records(
     pool_targets: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Status records; `started`, `now`: the controller's clock; `pool_targets`: `PoolKeeper.node_targets`."""
-    snap = core.snapshot(limit=limit)
+    snap = core.snapshot(limit=limit, now=now or None)
     out: dict[str, Any] = {}
     who = _Who(client_rows)
     if "cluster" in sections:

@@ -136,3 +136,21 @@ def test_a_report_just_after_the_release_still_counts():
     assert grants(lease(s, "l1", 2.0)) == {"l1": "b"}
     row = s.snapshot(limit=0).apis[0]["keys"][0]
     assert (row["limited"], row["tpm_used"], row["cooling_s"]) == (1, 7, 9.0)
+
+
+def test_status_at_a_later_time_ages_the_minute_and_the_cool_down_without_touching_the_core():
+    s = make(ApiKey("a", rpm=5, tpm=1000))
+    lease(s, "l0", 0.0, tokens=100)
+    lease(s, "l1", 30.0, tokens=200)
+    s.handle(ev.ActionFinished("l0"), 31.0)
+    s.handle(ev.ApiReported("l1", tokens=200, limited=True, reset_s=20.0), 31.0)
+    # no event after t=31: an idle controller's status still reads the clock
+    def row(now):
+        return s.snapshot(now=now).apis[0]["keys"][0]
+    assert (row(None)["rpm_used"], row(None)["tpm_used"], row(None)["cooling_s"]) == (2, 300, 20.0)
+    assert (row(45.0)["rpm_used"], row(45.0)["cooling_s"]) == (2, 6.0)
+    assert (row(65.0)["rpm_used"], row(65.0)["tpm_used"], row(65.0)["cooling_s"]) == (1, 200, 0.0)
+    assert (row(95.0)["rpm_used"], row(95.0)["tpm_used"]) == (0, 0)
+    assert row(10.0)["rpm_used"] == 2  # an earlier time than the core's reads the core's own
+    key = s.basic.apis["llm"].keys.keys[0]
+    assert (key.requests, key.tokens, len(key.window)) == (2, 300, 2)  # nothing rolled by the reads

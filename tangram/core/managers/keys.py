@@ -76,6 +76,17 @@ class KeyState:
             self.requests -= c.units
             self.tokens -= c.tokens
 
+    def in_window(self, now: float) -> tuple[int, int]:
+        """Requests and tokens in the window at ``now``, without rolling it (a read-only view:
+        status may ask at a later time than the core's last event)."""
+        requests, tokens = self.requests, self.tokens
+        for c in self.window:
+            if c.at > now - WINDOW_S:
+                break
+            requests -= c.units
+            tokens -= c.tokens
+        return requests, tokens
+
     def room(self, now: float, units: int, tokens: int) -> bool:
         self.roll(now)
         k = self.spec
@@ -233,17 +244,17 @@ class KeyPool:
                 self._released.popitem(last=False)
 
     def rows(self, now: float) -> list[dict[str, object]]:
-        """Per key, what status shows: names and counts, never a secret."""
+        """Per key, what status shows at ``now``: names and counts, never a secret. Read-only."""
         out: list[dict[str, object]] = []
         for k in self.keys:
-            k.roll(now)
+            requests, tokens = k.in_window(now)
             out.append(
                 {
                     "key": k.spec.name,
                     "rpm": k.spec.rpm,
-                    "rpm_used": k.requests,
+                    "rpm_used": requests,
                     "tpm": k.spec.tpm,
-                    "tpm_used": k.tokens,
+                    "tpm_used": tokens,
                     "concurrency": k.spec.concurrency,
                     "in_flight": len(k.in_flight),
                     "cooling_s": round(max(0.0, k.cool_until - now), 3),
