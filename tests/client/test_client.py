@@ -128,51 +128,31 @@ async def test_a_final_that_crossed_the_welcome_is_not_resent() -> None:
     """After a restart the controller's Welcome and the recorded answer to a request can arrive
     together: the transport reads what waits before it resends, so that request is answered
     once and not sent again; a request still pending is resent once."""
-    import secrets
-
-    import zmq
-    import zmq.asyncio
+    from support.fake_controller import FakeController
 
     from tangram import protocol as p
     from tangram.client.transport import Transport
 
-    ctx = zmq.asyncio.Context()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    transport = Transport(f"tcp://127.0.0.1:{port}", "crossing", heartbeat_s=5.0)
-
-    inbox: list[tuple[bytes, p.Envelope]] = []
-
-    async def recv() -> tuple[bytes, p.Envelope]:
-        while not inbox:  # the transport batches what one loop iteration sends
-            frames = await asyncio.wait_for(router.recv_multipart(), 5)
-            inbox.extend((frames[0], e) for e in p.decode_all(frames[1:]) if isinstance(e, p.Envelope))
-        return inbox.pop(0)
-
-    def welcome(epoch: int) -> p.Welcome:
-        return p.Welcome(1, p.PROTOCOL_MINOR, epoch, durable=True, session=secrets.token_hex(p.TOKEN_BYTES))
-
+    ctl = FakeController()
+    transport = Transport(ctl.addr, "crossing", heartbeat_s=5.0)
     try:
         start = asyncio.ensure_future(transport.start())
-        ident, hello = await recv()
-        await router.send_multipart([ident, *p.encode(welcome(1), hello.request_id)])
+        hello = await ctl.recv()
+        await ctl.send(ctl.welcome(1), hello.request_id)
         await start
         answered = transport.request(p.Cancel(target_request_id=1))
         waiting = transport.request(p.Cancel(target_request_id=2))
-        seen = {(await recv())[1].request_id, (await recv())[1].request_id}
+        seen = {(await ctl.recv()).request_id, (await ctl.recv()).request_id}
         assert seen == {answered.request_id, waiting.request_id}
         # a restarted controller: its Welcome, then at once the recorded answer of one request
-        await router.send_multipart([ident, *p.encode(welcome(2), 0)])
-        await router.send_multipart([ident, *p.encode(p.Result({}), answered.request_id)])
+        await ctl.send(ctl.welcome(2))
+        await ctl.send(p.Result({}), answered.request_id)
         assert (await asyncio.wait_for(answered.final, 5)).request_id == answered.request_id
         resent = []
         with pytest.raises(TimeoutError):
             while True:
-                _, env = await asyncio.wait_for(recv(), 0.5)
-                if not isinstance(env.msg, p.Heartbeat):
-                    resent.append(env.request_id)
+                resent.append((await ctl.request(0.5)).request_id)
         assert resent == [waiting.request_id] and transport.resent == 1 and transport.stray_replies == 0
     finally:
         await transport.close()
-        router.close(0)
-        ctx.term()
+        ctl.close()

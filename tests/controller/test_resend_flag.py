@@ -11,6 +11,24 @@ from support.waiting import until
 from tangram import protocol as p
 
 
+async def _hang_up(raw, controller) -> bytes:
+    """End the raw client's connection and wait until the controller saw it; its identity."""
+    counters = controller.gateway.counters
+    drops = counters["client_disconnects"]
+    ident = raw.sock.getsockopt(zmq.IDENTITY)
+    raw.sock.close(0)
+    await until(lambda: counters["client_disconnects"] > drops, what="the controller saw the disconnect")
+    return ident
+
+
+def _dial(raw, controller, ident: bytes) -> None:
+    """The same session (identity, token) over a new connection."""
+    raw.sock = raw.ctx.socket(zmq.DEALER)
+    raw.sock.setsockopt(zmq.IDENTITY, ident)
+    raw.sock.setsockopt(zmq.LINGER, 0)
+    raw.sock.connect(controller.submit_addr)
+
+
 async def _next_final(raw) -> p.Envelope:
     while True:
         env = await raw.recv()
@@ -51,14 +69,7 @@ async def test_a_marked_copy_over_a_new_connection_is_answered(controller, agent
     await raw.send_raw(cancel)
     first = await raw.final(5)
     counters = controller.gateway.counters
-    drops = counters["client_disconnects"]
-    ident = raw.sock.getsockopt(zmq.IDENTITY)
-    raw.sock.close(0)  # the connection ends; the same session comes back over a new one
-    await until(lambda: counters["client_disconnects"] > drops, what="the controller saw the disconnect")
-    raw.sock = raw.ctx.socket(zmq.DEALER)
-    raw.sock.setsockopt(zmq.IDENTITY, ident)
-    raw.sock.setsockopt(zmq.LINGER, 0)
-    raw.sock.connect(controller.submit_addr)
+    _dial(raw, controller, await _hang_up(raw, controller))  # the same session over a new connection
     await raw.send_raw(p.as_resend(cancel))  # the first answer may have been lost with the old one
     again = await _next_final(raw)
     assert again.request_id == 5 and again.msg == first.msg
@@ -75,17 +86,11 @@ async def test_a_final_kept_while_disconnected_counts_as_sent_once_the_new_conne
     await raw.send_raw(exec_frames)
     await until(lambda: agent.runs, what="the exec started")
     gateway = controller.gateway
-    drops = gateway.counters["client_disconnects"]
-    ident = raw.sock.getsockopt(zmq.IDENTITY)
-    raw.sock.close(0)
-    await until(lambda: gateway.counters["client_disconnects"] > drops, what="the disconnect seen")
+    ident = await _hang_up(raw, controller)
     entry = gateway.cache[(ident, 7)]
     await until(lambda: entry.final is not None, what="the final, kept for the session")
     assert ident in gateway.outbox  # kept: its connection is gone
-    raw.sock = raw.ctx.socket(zmq.DEALER)
-    raw.sock.setsockopt(zmq.IDENTITY, ident)
-    raw.sock.setsockopt(zmq.LINGER, 0)
-    raw.sock.connect(controller.submit_addr)
+    _dial(raw, controller, ident)
     await raw.send_raw(p.as_resend(exec_frames))  # its frame sends the kept final over this connection
     await raw.send(p.SandboxOpen(), 8)
     got = [(await _next_final(raw)).request_id, (await _next_final(raw)).request_id]
