@@ -124,6 +124,22 @@ def test_a_new_trajectory_reserves_the_memory_of_its_sandbox_not_of_its_action()
     assert submit(s, exec_spec("b", "other", 1))[0] == cmd.CreateSandbox("large", "other", 2_500)
 
 
+def test_new_trajectories_placed_in_one_pass_spread_by_the_memory_that_pass_left():
+    s = Scheduler()
+    s.handle(node("n1", 4, mem=8_000), 0.0)
+    s.handle(node("n2", 4, mem=8_000), 0.0)
+    for i, n in ((1, "n1"), (2, "n2")):
+        s.handle(ev.SandboxOpened(f"hog{i}", client="c", mem_mib=0), 0.0)
+        assert submit(s, exec_spec(f"h{i}", f"hog{i}", 4))[0].node == n
+    for i in range(4):
+        s.handle(ev.SandboxOpened(f"t{i}", client="c", mem_mib=1_000), 0.0)
+        assert started(submit(s, exec_spec(f"x{i}", f"t{i}", 1), 0.5)) == []  # no core free anywhere
+    s.handle(ev.ActionFinished("h1"), 1.0, decide=False)
+    out = s.handle(ev.ActionFinished("h2"), 1.0)  # one pass places all four
+    placed = {c.sandbox: c.node for c in out if isinstance(c, cmd.CreateSandbox)}
+    assert sorted(placed.values()) == ["n1", "n1", "n2", "n2"], placed  # not four on the first node
+
+
 def test_queued_actions_of_a_sandbox_follow_it_to_its_node():
     s = make(cores=2)
     open_sb(s, "hog")

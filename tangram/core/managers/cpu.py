@@ -152,13 +152,13 @@ class CpuManager:
         self, min_cores: int, mem_mib: int, free: dict[str, int], blocked: set[str], mem_free: dict[str, int]
     ) -> str | None:
         """Pick a node for a new trajectory: ``free[node]`` cores and ``mem_free[node]`` MiB left
-        for this pass (memory for the whole trajectory), most free memory before this pass
-        first (memory balance), then name."""
+        for this pass (memory for the whole trajectory), the most memory left after this pass's
+        earlier placements first (memory balance, also within one pass), then name."""
         best: tuple[int, str] | None = None
         for name, node in self.nodes.items():
             if name in blocked or free[name] < min_cores or mem_free[name] < mem_mib:
                 continue
-            cand = (-node.mem_free, name)
+            cand = (-mem_free[name], name)
             if best is None or cand < best:
                 best = cand
         return None if best is None else best[1]
