@@ -155,7 +155,7 @@ class CpuManager:
         for this pass (memory for the whole trajectory), the most memory left after this pass's
         earlier placements first (memory balance, also within one pass), then name."""
         best: tuple[int, str] | None = None
-        for name, node in self.nodes.items():
+        for name in self.nodes:
             if name in blocked or free[name] < min_cores or mem_free[name] < mem_mib:
                 continue
             cand = (-mem_free[name], name)
