@@ -41,6 +41,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from tangram import protocol
+from tangram.aiotasks import cancel_tasks
 from tangram.certs import CurveKeys, HandshakeWatch, KeyRefused, handshake_events
 from tangram.errors import (
     ActionTimeout,
@@ -179,14 +180,8 @@ class Transport:
                     fut.set_exception(ControllerUnreachable("the client was closed"))
                     fut.exception()
         self._pending.clear()
-        if self._task is not None:
-            # Python 3.11's wait_for (in `_watch`) can drop a cancel that crosses a monitor event:
-            # cancel until the task is done (its loop also ends on `_closed`), never wait forever
-            while not self._task.done():
-                self._task.cancel()
-                await asyncio.wait({self._task}, timeout=0.5)
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                self._task.result()
+        if self._task is not None:  # `_watch` waits in wait_for, which can drop a cancel (aiotasks.py)
+            await cancel_tasks([self._task])
         if self._sock is not None:
             if self.epoch is not None:  # say goodbye: the controller releases this client's work now
                 with contextlib.suppress(Exception):

@@ -34,6 +34,7 @@ import zmq
 import zmq.asyncio
 
 from tangram import protocol
+from tangram.aiotasks import cancel_tasks
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.errors import NodeLost, ProtocolError, SandboxLost
@@ -41,7 +42,7 @@ from tangram_cli.controller.agent_cpu import CpuCommands
 from tangram_cli.controller.agent_gpu import GpuCommands
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.facts import Agent, Reply, node_event
-from tangram_cli.controller.state import ActionRecord, Registry, cancel_tasks, encode_to
+from tangram_cli.controller.state import ActionRecord, Registry, encode_to
 from tangram_cli.controller.wire import Batcher, send_now, serve, shadow
 
 log = logging.getLogger("tangram.controller.agents")

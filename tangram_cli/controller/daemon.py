@@ -31,6 +31,7 @@ import zmq
 import zmq.asyncio
 
 from tangram import logfmt
+from tangram.aiotasks import cancel_tasks
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.scheduler import CoreConfig, Scheduler
@@ -47,7 +48,7 @@ from tangram_cli.controller.metrics import Metrics
 from tangram_cli.controller.pools import PoolKeeper
 from tangram_cli.controller.recovery import Recovery
 from tangram_cli.controller.sessions import load_secret
-from tangram_cli.controller.state import Registry, cancel_tasks, check_bind, make_router
+from tangram_cli.controller.state import Registry, check_bind, make_router
 from tangram_cli.controller.statusd import StatusServer, build_records
 
 log = logging.getLogger("tangram.controller")

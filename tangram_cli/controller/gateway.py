@@ -54,6 +54,7 @@ import zmq
 import zmq.asyncio
 
 from tangram import protocol
+from tangram.aiotasks import cancel_tasks
 from tangram.core import commands as cmd
 from tangram.core import events as ev
 from tangram.core.actions import ActionSpec, Kind
@@ -85,7 +86,7 @@ from tangram_cli.controller.sessions import (
     client_tag,
     hello_problem,
 )
-from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord, cancel_tasks
+from tangram_cli.controller.state import ActionRecord, Registry, SandboxRecord
 from tangram_cli.controller.wire import serve, shadow
 
 log = logging.getLogger("tangram.controller.gateway")

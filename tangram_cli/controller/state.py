@@ -8,7 +8,6 @@ what to run (command, environment, payload), and what came back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import socket
@@ -248,21 +247,3 @@ def encode_to(
     ident: bytes, msg: protocol.Message, request_id: int, blobs: tuple[bytes, ...] | list[bytes] = ()
 ) -> list[bytes]:
     return [ident, *protocol.encode(msg, request_id, blobs)]
-
-
-async def cancel_tasks(tasks: set[asyncio.Task[Any]]) -> None:
-    """Cancel `tasks` and wait until each is done. Python 3.11's `asyncio.wait_for` (the driver's
-    idle wait) can drop a cancel that crosses the event it waited for, and the task then runs on:
-    one still running half a second after its cancel is cancelled again (for at most 10 s)."""
-    running = {t for t in tasks if not t.done()}
-    for _ in range(20):  # 10 s: a task that takes no cancel at all is left behind, named in the log
-        if not running:
-            break
-        for t in running:
-            t.cancel()
-        _, running = await asyncio.wait(running, timeout=0.5)
-    for t in running:
-        log.warning("task %s did not stop after 20 cancels; left running", t.get_name())
-    for t in list(tasks):
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            t.result()

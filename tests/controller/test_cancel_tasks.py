@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tangram_cli.controller.state import cancel_tasks
+from tangram.aiotasks import cancel_tasks
 
 
 async def test_cancel_tasks_cancels_again_a_task_that_dropped_its_cancel() -> None:
