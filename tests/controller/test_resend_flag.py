@@ -36,14 +36,20 @@ async def _next_final(raw) -> p.Envelope:
             return env
 
 
+async def _exec_in_new_sandbox(raw, cmd: str, rid: int) -> list[bytes]:
+    """Open a sandbox and send one exec in it with request id ``rid``; its frames, for copies."""
+    await raw.send(p.SandboxOpen(), 1)
+    sandbox = (await raw.final(1)).msg.body["sandbox"]
+    frames = p.encode(p.Exec(sandbox, cmd, 1, 1), rid, token=raw.token)
+    await raw.send_raw(frames)
+    return frames
+
+
 async def test_a_marked_copy_of_an_answered_request_is_not_answered_again(
     controller, agent, raw_client
 ) -> None:
     raw = raw_client(controller.submit_addr)
-    await raw.send(p.SandboxOpen(), 1)
-    sandbox = (await raw.final(1)).msg.body["sandbox"]
-    exec_frames = p.encode(p.Exec(sandbox, "echo once >> marker; wc -l < marker", 1, 1), 7, token=raw.token)
-    await raw.send_raw(exec_frames)
+    exec_frames = await _exec_in_new_sandbox(raw, "echo once >> marker; wc -l < marker", 7)
     first = await raw.final(7)
     assert first.blobs[0].strip() == b"1"
     counters = controller.gateway.counters
@@ -80,10 +86,7 @@ async def test_a_final_kept_while_disconnected_counts_as_sent_once_the_new_conne
     controller, agent, raw_client
 ) -> None:
     raw = raw_client(controller.submit_addr)
-    await raw.send(p.SandboxOpen(), 1)
-    sandbox = (await raw.final(1)).msg.body["sandbox"]
-    exec_frames = p.encode(p.Exec(sandbox, "sleep 0.5; echo done", 1, 1), 7, token=raw.token)
-    await raw.send_raw(exec_frames)
+    exec_frames = await _exec_in_new_sandbox(raw, "sleep 0.5; echo done", 7)
     await until(lambda: agent.runs, what="the exec started")
     gateway = controller.gateway
     ident = await _hang_up(raw, controller)
