@@ -86,12 +86,18 @@ def join(fds):
         os.write(fd, b"0")
 
 
+_BUF = bytearray(MAX_MSG)  # one receive buffer: only the pages a request touches become resident
+_VIEW = memoryview(_BUF)
+
+
 def recv_fds(sock, maxfds=8):
-    """``socket.recv_fds`` without its flaw (3.11 drops the flags: descriptors would be inheritable)."""
+    """``socket.recv_fds`` without its flaw (3.11 drops the flags: descriptors would be inheritable), into
+    one buffer allocated once (``recvmsg(MAX_MSG)`` maps, shrinks and unmaps 4 MiB per request)."""
     fds = array.array("i")
-    data, ancdata, _, _ = sock.recvmsg(
-        MAX_MSG, socket.CMSG_LEN(maxfds * fds.itemsize), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
+    n, ancdata, _, _ = sock.recvmsg_into(
+        [_BUF], socket.CMSG_LEN(maxfds * fds.itemsize), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
     )
+    data = bytes(_VIEW[:n])
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])

@@ -52,7 +52,14 @@ from rich.table import Table
 import tangram
 from tangram_cli import keys as cluster_keys
 from tangram_cli.bench.goals import at_least, at_most, styled, summary
-from tangram_cli.bench.procs import ControllerProc, proc_cpu_s, start_real_agent, wait_nodes
+from tangram_cli.bench.procs import (
+    ControllerProc,
+    children_cpu_s,
+    machine_cpu_s,
+    proc_cpu_s,
+    start_real_agent,
+    wait_nodes,
+)
 from tangram_cli.state import query_status
 
 GOALS = {
@@ -244,10 +251,14 @@ class _Cluster:
         return dict((records.get("cluster") or {}).get("counters") or {})
 
     def cpu(self) -> dict[str, float | None]:
-        """CPU seconds so far of the controller process (None in process), the agent and this process."""
+        """CPU seconds so far of the controller process (None in process), the agent, its spawners, the
+        actions they reaped, and this process."""
+        spawners, actions = children_cpu_s(self.agent.pid) if self.agent is not None else (None, None)
         return {
             "controller": self.proc.cpu_s() if self.proc is not None else None,
             "agent": proc_cpu_s(self.agent.pid) if self.agent is not None else None,
+            "spawners": spawners,
+            "actions": actions,
             "bench": proc_cpu_s(os.getpid()),
         }
 
@@ -302,22 +313,28 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
             for _ in range(count):
                 r = await s.exec("true", timeout=120)
                 holds.append((r.run_s, r.overhead_s))
+            finished.append(time.perf_counter())
+            await measured.wait()  # the sandbox (and its spawner) stays until the figures are read
         return count
 
     per = [n // clients + (1 if k < n % clients else 0) for k in range(clients)]
     ready: list[int] = []
     holds: list[tuple[float, float]] = []  # per action: (agent run_s, controller overhead_s)
-    go = asyncio.Event()
+    finished: list[float] = []
+    go, measured = asyncio.Event(), asyncio.Event()
     tasks = [asyncio.ensure_future(worker(k, c, go)) for k, c in enumerate(per) if c]
     while len(ready) < len(tasks) and not any(t.done() for t in tasks):  # noqa: ASYNC110 - a failed worker ends it
         await asyncio.sleep(0.01)
     counted0 = await asyncio.to_thread(cluster.core_counters)
-    cpu0 = cluster.cpu()
+    cpu0, machine0 = cluster.cpu(), machine_cpu_s()
     t0 = time.perf_counter()
     go.set()
+    while len(finished) < len(tasks) and not any(t.done() for t in tasks):  # noqa: ASYNC110 - as above
+        await asyncio.sleep(0.005)
+    wall = (max(finished) if finished else time.perf_counter()) - t0
+    cpu1, machine1 = cluster.cpu(), machine_cpu_s()
+    measured.set()
     done = await asyncio.gather(*tasks)
-    wall = time.perf_counter() - t0
-    cpu1 = cluster.cpu()
     counted1 = await asyncio.to_thread(cluster.core_counters)
     started = counted1.get("started", 0) - counted0.get("started", 0)
     out = {
@@ -326,8 +343,11 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
         # starts decided before their cores were free (tangram/core/staging.py), of all starts
         "staged_share": (counted1.get("staged", 0) - counted0.get("staged", 0)) / started if started else 0.0,
         **_hold_figures(holds, cluster.cores),
+        # busy share of all the machine's cores over the run: near 1, it was bound by CPU
+        "machine_busy_share": (machine1[0] - machine0[0]) / max(1e-9, machine1[1] - machine0[1]),
     }
-    for who, name in (("controller", "controller"), ("agent", "agent"), ("bench", "bench_process")):
+    for who, name in (("controller", "controller"), ("agent", "agent"), ("spawners", "spawners"),
+                      ("actions", "actions"), ("bench", "bench_process")):
         a, b = cpu0[who], cpu1[who]
         if (
             a is not None and b is not None
@@ -426,6 +446,9 @@ _FIGURES = (
     ("CPU / action: controller", ("controller_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
     ("CPU / action: agent", ("agent_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
     ("CPU / action: bench process", ("bench_process_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
+    ("CPU / action: spawners", ("spawners_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
+    ("CPU / action: the actions", ("actions_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
+    ("machine busy (all cores)", ("machine_busy_share",), "{:.0%}", "", None, ""),
 )
 
 

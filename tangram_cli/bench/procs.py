@@ -64,6 +64,35 @@ def proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of the live children of ``pid`` (e.g. an agent's spawners): (their own, that of their
+    children they reaped, e.g. the actions they spawned)."""
+    own = reaped = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            own += int(fields[11]) + int(fields[12])
+            reaped += int(fields[13]) + int(fields[14])
+    hz = os.sysconf("SC_CLK_TCK")
+    return own / hz, reaped / hz
+
+
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat's first line (busy: all
+    but idle and iowait), so a window's busy share says whether a run was bound by CPU or by waiting."""
+    with open("/proc/stat", encoding="ascii") as fh:
+        ticks = [int(x) for x in fh.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return (sum(ticks) - idle) / hz, sum(ticks) / hz
+
+
 def proc_mem_mib(pid: int) -> dict[str, float]:
     """`rss_mib` (VmRSS) and `hwm_mib` (VmHWM, the peak) of a live process; {} when it is gone."""
     out: dict[str, float] = {}

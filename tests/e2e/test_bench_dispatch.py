@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -29,6 +30,11 @@ def test_bench_dispatch_json_process_executor(layout: str) -> None:
     # the core hold: the agent's run plus the controller's part, and the throughput it caps
     assert row["hold_p50_ms"] >= row["hold_run_p50_ms"] > 0
     assert row["hold_bound_actions_per_s"] > 0
+    # the whole machine's busy share over the run, and the CPU of the agent's spawners and of the
+    # actions they reaped, read while the clients' sandboxes (and so their spawners) still stand
+    assert 0 < row["machine_busy_share"] <= 1
+    assert row["spawners_cpu_ms_per_action"] >= 0
+    assert row["actions_cpu_ms_per_action"] >= 0
 
 
 @pytest.mark.parametrize("layout", ["separate", "inprocess"])
@@ -41,6 +47,29 @@ def test_bench_dispatch_curve(layout: str) -> None:
     assert "error" not in row, row
     assert row["security"] == "curve"
     assert row["throughput_actions_per_s"] > 0
+
+
+def test_children_cpu_counts_what_a_child_reaped() -> None:
+    """`children_cpu_s`: a live child's own CPU and that of the grandchildren it reaped."""
+    import subprocess
+    import sys
+
+    from tangram_cli.bench.procs import children_cpu_s
+
+    burn = "import time; t = time.process_time() + 0.3\nwhile time.process_time() < t: pass"
+    script = (
+        f"import subprocess, sys, time; subprocess.run([sys.executable, '-c', {burn!r}]); "
+        "print('ok', flush=True); time.sleep(30)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ok\n"
+        own, reaped = children_cpu_s(os.getpid())
+        assert reaped >= 0.25  # the grandchild's 0.3 s of CPU, reaped by the child
+        assert own > 0
+    finally:
+        child.kill()
+        child.communicate()
 
 
 def test_raw_posix_spawn_reaps_every_child() -> None:
