@@ -167,11 +167,12 @@ def _frees(ctx: PassContext, soon: Soon, service: str, size: int) -> list[float]
     waiting for it in this pass (a heap, kept in ``soon``)."""
     key = (service, size)
     if key not in soon:
-        soon[key] = sorted(
+        ends = sorted(
             [r.est_end for name in ctx.gpu.nodes for r in ctx.running.on(name, Kind.CALL).values()
              if r.spec.service == service and r.chunk[1] == size]
             + ctx.warming.ready_times(service, size)  # copies restored ahead free when ready
         )
+        soon[key] = ends if ends or not prewake.enabled(ctx) else prewake.shared_copies(ctx, service, size)
     return soon[key]
 
 

@@ -27,6 +27,11 @@ Rules:
    each non-resident size's restore added to its duration (``with_restores``).
 5. Pure, like the rest of the core: times come from ``ctx.now`` and the services' restore
    estimates; ties go by node name and chunk start.
+6. A copy that sits idle in the memory of GPUs that run another service's call counts as a
+   copy that frees when that call ends (``shared_copies``), for the restore-or-wait choice
+   of the GPU pass and for the supply here alike, when its service has no busy or warming
+   copy of the size and it frees within one restore: the call waits for it instead of
+   restoring a copy elsewhere, and no restore ahead is started for it.
 """
 
 from __future__ import annotations
@@ -175,6 +180,47 @@ def run(ctx: PassContext, read: Iterable[Waiting], out: list[cmd.Command]) -> No
             supply.take(wait_key, wait_end)
 
 
+def shared_copies(ctx: PassContext, service: str, size: int) -> list[float]:
+    """When the idle copies of (service, size) whose GPUs run a call of another service (a GPU
+    holds several instances in memory but runs one call at a time) free: when what runs on
+    those GPUs ends (rule 6). Counted by ``gpu_pass._frees`` and ``_Supply`` only for a
+    service with no busy or warming copy of that size, and only the copies that free within
+    one restore of that size: waiting longer for GPUs that other services' calls want too is
+    no surer than the restore. Of the idle copies on the same GPUs only the most recently used
+    counts (those GPUs serve one of them next, not each)."""
+    limit = ctx.now + ctx.gpu.services[service].load(size)
+    out: list[float] = []
+    for name, gn in ctx.gpu.nodes.items():
+        if not gn.busy:
+            continue
+        idle = [(i, stamp) for i, stamp in gn.resident.items() if i not in gn.in_use]
+        ends: dict[int, float] | None = None
+        for inst, stamp in idle:
+            _, start, z = inst
+            if inst[0] != service or z != size or not gn.busy & gn.chunk_mask(start, z):
+                continue  # a free copy is taken as a resident one by the pass itself
+            if any(o[1] < start + z and start < o[1] + o[2] and t > stamp for o, t in idle if o != inst):
+                continue
+            if ends is None:
+                ends = _gpu_ends(ctx, name)
+            t = max(ends.get(g, ctx.now) for g in range(start, start + z))
+            if t <= limit:
+                out.append(t)
+    return sorted(out)
+
+
+def _gpu_ends(ctx: PassContext, node: str) -> dict[int, float]:
+    """When each busy GPU of ``node`` frees: the estimated end of the call running on it, or
+    of the restore ahead that holds it."""
+    ends: dict[int, float] = {}
+    spans = [(r.chunk, r.est_end) for r in ctx.running.on(node, Kind.CALL).values()]
+    spans += [((w.inst[1], w.inst[2]), w.ready) for w in ctx.warming.chunks.values() if w.gnode.name == node]
+    for (start, z), end in spans:
+        for g in range(start, start + z):
+            ends[g] = max(ends.get(g, 0.0), end)
+    return ends
+
+
 def _any_idle(ctx: PassContext) -> bool:
     return any(gn.busy != (1 << gn.count) - 1 for gn in ctx.gpu.nodes.values())
 
@@ -206,6 +252,8 @@ class _Supply:
                 for r in ctx.running.on(name, Kind.CALL).values()
                 if r.spec.service == service and r.chunk[1] == size
             )
+        if not times:
+            times = shared_copies(ctx, service, size)
         heapq.heapify(times)
         return times
 

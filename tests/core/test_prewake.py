@@ -147,3 +147,40 @@ def test_an_elastic_call_takes_a_free_resident_copy_at_any_of_its_sizes():
     s.handle(ev.ActionFinished("e"), 12.0)
     out = submit(s, "u", "a", 13.0, (1, 2))
     assert [c.end - c.start for c in out if isinstance(c, cmd.Invoke)] == [1]
+
+
+def shared_gpu(q_run_s: float, **cfg: object) -> Scheduler:
+    """Two GPUs; p and q (30 GB each) fit on one GPU together. p ran on GPU 0 and stays
+    resident there, idle, while y (q) runs on GPU 0 from 2.0 (restore 1 s, run ``q_run_s``)."""
+    s = Scheduler(CoreConfig(**cfg))  # type: ignore[arg-type]
+    s.handle(node("n1", 1, gpus=2, gpu_mem=80_000), 0.0)
+    s.handle(ev.ServiceDefined("p", 30_000, (1,), load_s=LOAD, t_ori=1.0), 0.0)
+    s.handle(ev.ServiceDefined("q", 30_000, (1,), load_s=LOAD, t_ori=q_run_s), 0.0)
+    assert kinds(submit(s, "x", "p", 0.0)) == [("Load", "p", 0), ("Invoke", "x", 0)]
+    s.handle(ev.ActionFinished("x"), 2.0)
+    assert kinds(submit(s, "y", "q", 2.0)) == [("Load", "q", 0), ("Invoke", "y", 0)]  # beside p
+    return s
+
+
+def test_a_call_waits_for_its_idle_copy_on_gpus_another_service_runs_on():
+    """z (p) comes at 3.5: GPU 1 is free but holds no p; GPU 0 holds p, idle, and frees at 4.0
+    (y ends), sooner than a 1 s restore: z waits for it, nothing is restored (not even ahead),
+    and it runs there with no restore on its path."""
+    s = shared_gpu(q_run_s=1.0)
+    assert kinds(submit(s, "z", "p", 3.5)) == []
+    assert "z" in s.pending and s.counters.get("prewakes", 0) == 0
+    out = s.handle(ev.ActionFinished("y"), 4.0)
+    assert kinds(out) == [("Invoke", "z", 0)]
+    assert s.counters["loads"] == 2  # p and q once each, never p again
+
+
+def test_a_shared_copy_that_frees_later_than_a_restore_is_not_waited_for():
+    """The same, but y runs 5 s (GPU 0 frees at 8.0, later than a restore started at 3.5 ends):
+    z is restored onto the free GPU 1 and runs at once."""
+    s = shared_gpu(q_run_s=5.0)
+    assert kinds(submit(s, "z", "p", 3.5)) == [("Load", "p", 1), ("Invoke", "z", 1)]
+
+
+def test_without_prewake_a_shared_copy_is_not_counted():
+    s = shared_gpu(q_run_s=1.0, prewake=False)
+    assert kinds(submit(s, "z", "p", 3.5)) == [("Load", "p", 1), ("Invoke", "z", 1)]

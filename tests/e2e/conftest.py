@@ -73,9 +73,10 @@ async def cluster(tmp_path: Any) -> AsyncIterator[Callable[..., Any]]:
         return c
 
     yield make
-    for c, proc in started:
-        await asyncio.get_running_loop().run_in_executor(None, stop_process, proc)
+    for c, proc in started:  # as `tangram down`: the agent removes its sandboxes (no container is left)
+        c.request_stop(down=True)
         await c.stop()
+        await asyncio.get_running_loop().run_in_executor(None, stop_process, proc)
 
 
 @pytest.fixture
