@@ -34,7 +34,6 @@ import asyncio
 import json
 import logging
 import os
-import select
 import shutil
 import statistics
 import subprocess
@@ -55,11 +54,13 @@ from tangram_cli.bench.goals import at_least, at_most, styled, summary
 from tangram_cli.bench.procs import (
     ControllerProc,
     children_cpu_s,
+    cpu_delta,
     machine_cpu_s,
     proc_cpu_s,
     start_real_agent,
     wait_nodes,
 )
+from tangram_cli.bench.raw_spawn import cores_of, pct_or_nan, raw_baselines
 from tangram_cli.state import query_status
 
 GOALS = {
@@ -70,14 +71,6 @@ LAYOUTS = {
     "separate": "controller in its own process; agent in its own process; clients in the bench process",
     "inprocess": "controller and clients in one asyncio loop (the bench process); agent in its own process",
 }
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[k]
 
 
 def _docker_url() -> str | None:
@@ -97,84 +90,6 @@ def _docker_url() -> str | None:
     except Exception:  # noqa: BLE001 - any failure means "no docker"
         return None
     return url
-
-
-# ------------------------------------------------------------------ raw spawn baselines
-
-
-def _cores(cpus: str) -> list[int]:
-    out: list[int] = []
-    for part in cpus.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out or [0]
-
-
-def _spawn_argv(core: int) -> list[str]:
-    taskset = shutil.which("taskset")
-    return [taskset, "-c", str(core), "true"] if taskset else ["true"]
-
-
-async def raw_spawn_asyncio(n: int, concurrency: int, cpus: str) -> dict[str, Any]:
-    """`n` spawns of `taskset -c N true` from `concurrency` asyncio workers; rate and latency."""
-    cores, latency = _cores(cpus), []
-    argvs = [_spawn_argv(c) for c in cores]
-    left = iter(range(n))
-
-    async def worker() -> None:
-        for i in left:
-            t0 = time.perf_counter()
-            proc = await asyncio.create_subprocess_exec(
-                *argvs[i % len(argvs)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
-            )
-            await proc.wait()
-            latency.append(time.perf_counter() - t0)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
-    wall = time.perf_counter() - t0
-    return {"actions_per_s": n / wall, "p50_ms": _pct(latency, 0.5) * 1e3, "cmd": " ".join(argvs[0])}
-
-
-def raw_posix_spawn(n: int, concurrency: int, cpus: str) -> dict[str, Any]:
-    """`n` `os.posix_spawn`s of `taskset -c N true`, `concurrency` in flight, reaped via pidfds."""
-    argvs = [_spawn_argv(c) for c in _cores(cpus)]
-    env = dict(os.environ)
-    poller = select.poll()
-    running: dict[int, tuple[int, float]] = {}  # pidfd -> (pid, start)
-    latency: list[float] = []
-    started = 0
-    t0 = time.perf_counter()
-    while started < n or running:
-        while started < n and len(running) < max(1, concurrency):
-            argv = argvs[started % len(argvs)]
-            t = time.perf_counter()
-            pid = os.posix_spawn(argv[0], argv, env)
-            fd = os.pidfd_open(pid)
-            poller.register(fd, select.POLLIN)
-            running[fd] = (pid, t)
-            started += 1
-        for fd, _ in poller.poll(1000):
-            pid, t = running.pop(fd)
-            os.waitpid(pid, 0)
-            latency.append(time.perf_counter() - t)
-            poller.unregister(fd)
-            os.close(fd)
-    wall = time.perf_counter() - t0
-    return {"actions_per_s": n / wall, "p50_ms": _pct(latency, 0.5) * 1e3}
-
-
-async def _raw(n: int, concurrency: int, cpus: str) -> dict[str, Any]:
-    a = await raw_spawn_asyncio(n, concurrency, cpus)
-    out = {
-        "raw_spawn_cmd": a["cmd"],
-        "raw_spawn_actions_per_s": a["actions_per_s"],
-        "raw_spawn_p50_ms": a["p50_ms"],
-    }
-    if hasattr(os, "pidfd_open") and hasattr(os, "posix_spawn"):
-        b = raw_posix_spawn(n, concurrency, cpus)
-        out.update(raw_posix_spawn_actions_per_s=b["actions_per_s"], raw_posix_spawn_p50_ms=b["p50_ms"])
-    return out
 
 
 # ------------------------------------------------------------------ the live path
@@ -213,7 +128,7 @@ class _Cluster:
 
     async def start(self, executor: str, cpus: str, image: str | None, env: dict[str, str],
                     staging: bool = True) -> None:
-        self.cores = len(_cores(cpus))
+        self.cores = len(cores_of(cpus))
         if self.layout == "inprocess":
             # start-up cost: the controller's modules load for the in-process layout only
             from tangram_cli.controller.config import ControllerConfig
@@ -251,16 +166,16 @@ class _Cluster:
         return dict((records.get("cluster") or {}).get("counters") or {})
 
     def cpu(self) -> dict[str, float | None]:
-        """CPU seconds so far of the controller process (None in process), the agent, its spawners, the
-        actions they reaped, and this process."""
-        spawners, actions = children_cpu_s(self.agent.pid) if self.agent is not None else (None, None)
+        """CPU seconds so far of the controller process (None in process), the agent and this process."""
         return {
             "controller": self.proc.cpu_s() if self.proc is not None else None,
             "agent": proc_cpu_s(self.agent.pid) if self.agent is not None else None,
-            "spawners": spawners,
-            "actions": actions,
             "bench": proc_cpu_s(os.getpid()),
         }
+
+    def children(self) -> dict[int, tuple[float, float]]:
+        """The agent's children (its spawners): CPU so far, their own and the actions' they reaped."""
+        return children_cpu_s(self.agent.pid) if self.agent is not None else {}
 
     async def stop(self) -> None:
         if self.agent is not None and self.agent.poll() is None:
@@ -292,11 +207,11 @@ async def _overhead(addr: str, n: int, certs: str | None = None) -> dict[str, An
             overhead.append(max(0.0, total - r.run_s))
             ctl.append(r.overhead_s)
     return {
-        "latency_p50_ms": _pct(latency, 0.5) * 1e3,
-        "latency_p99_ms": _pct(latency, 0.99) * 1e3,
-        "overhead_p50_ms": _pct(overhead, 0.5) * 1e3,
-        "overhead_p99_ms": _pct(overhead, 0.99) * 1e3,
-        "controller_overhead_p50_ms": _pct(ctl, 0.5) * 1e3,
+        "latency_p50_ms": pct_or_nan(latency, 0.5) * 1e3,
+        "latency_p99_ms": pct_or_nan(latency, 0.99) * 1e3,
+        "overhead_p50_ms": pct_or_nan(overhead, 0.5) * 1e3,
+        "overhead_p99_ms": pct_or_nan(overhead, 0.99) * 1e3,
+        "controller_overhead_p50_ms": pct_or_nan(ctl, 0.5) * 1e3,
         "overhead_mean_ms": statistics.fmean(overhead) * 1e3 if overhead else float("nan"),
     }
 
@@ -326,13 +241,13 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
     while len(ready) < len(tasks) and not any(t.done() for t in tasks):  # noqa: ASYNC110 - a failed worker ends it
         await asyncio.sleep(0.01)
     counted0 = await asyncio.to_thread(cluster.core_counters)
-    cpu0, machine0 = cluster.cpu(), machine_cpu_s()
+    cpu0, kids0, machine0 = cluster.cpu(), cluster.children(), machine_cpu_s()
     t0 = time.perf_counter()
     go.set()
     while len(finished) < len(tasks) and not any(t.done() for t in tasks):  # noqa: ASYNC110 - as above
         await asyncio.sleep(0.005)
     wall = (max(finished) if finished else time.perf_counter()) - t0
-    cpu1, machine1 = cluster.cpu(), machine_cpu_s()
+    cpu1, kids1, machine1 = cluster.cpu(), cluster.children(), machine_cpu_s()
     measured.set()
     done = await asyncio.gather(*tasks)
     counted1 = await asyncio.to_thread(cluster.core_counters)
@@ -346,9 +261,12 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
         # busy share of all the machine's cores over the run: near 1, it was bound by CPU
         "machine_busy_share": (machine1[0] - machine0[0]) / max(1e-9, machine1[1] - machine0[1]),
     }
+    if cluster.agent is not None:
+        cpu0["spawners"], cpu0["actions"] = 0.0, 0.0
+        cpu1["spawners"], cpu1["actions"] = cpu_delta(kids0, kids1)
     for who, name in (("controller", "controller"), ("agent", "agent"), ("spawners", "spawners"),
                       ("actions", "actions"), ("bench", "bench_process")):
-        a, b = cpu0[who], cpu1[who]
+        a, b = cpu0.get(who), cpu1.get(who)
         if (
             a is not None and b is not None
         ):  # the bench process holds the clients (and the controller if inprocess)
@@ -370,9 +288,9 @@ def _hold_figures(holds: list[tuple[float, float]], cores: int) -> dict[str, Any
     hold = [r + o for r, o in holds]
     mean = statistics.fmean(hold)
     return {
-        "hold_run_p50_ms": _pct(runs, 0.5) * 1e3,
-        "hold_controller_p50_ms": _pct([o for _, o in holds], 0.5) * 1e3,
-        "hold_p50_ms": _pct(hold, 0.5) * 1e3,
+        "hold_run_p50_ms": pct_or_nan(runs, 0.5) * 1e3,
+        "hold_controller_p50_ms": pct_or_nan([o for _, o in holds], 0.5) * 1e3,
+        "hold_p50_ms": pct_or_nan(hold, 0.5) * 1e3,
         "hold_bound_actions_per_s": cores / mean if mean > 0 else float("nan"),
     }
 
@@ -400,7 +318,7 @@ async def _bench_one(
         "goals": GOALS.get(executor, {}),
     }
     try:
-        out.update(await _raw(n, clients, cpus))
+        out.update(await raw_baselines(n, clients, cpus))
     except OSError as exc:
         out["raw_spawn_error"] = f"{type(exc).__name__}: {exc}"
     cluster = _Cluster(layout, tempfile.mkdtemp(prefix="tangram-bench-"))

@@ -9,6 +9,8 @@
 - `run_clients`: the ready/go/report handshake with client processes (each prints `ready`,
   reads `go` on stdin, then prints one JSON report line).
 - `Procs`: every child of one run, stopped together however the run ends.
+- `proc_cpu_s`, `children_cpu_s` with `cpu_delta`, `machine_cpu_s`: CPU seconds of a process, of
+  a process's children by pid, and of the whole machine (busy and total), from /proc.
 """
 
 from __future__ import annotations
@@ -64,10 +66,12 @@ def proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def children_cpu_s(pid: int) -> tuple[float, float]:
-    """CPU seconds of the live children of ``pid`` (e.g. an agent's spawners): (their own, that of their
-    children they reaped, e.g. the actions they spawned)."""
-    own = reaped = 0
+def children_cpu_s(pid: int) -> dict[int, tuple[float, float]]:
+    """CPU seconds of each live child of ``pid`` (e.g. an agent's spawners), by pid: (its own, that of
+    its children it reaped, e.g. the actions it spawned). Compare two readings by pid (``cpu_delta``):
+    a child that exits in between takes its seconds with it."""
+    out: dict[int, tuple[float, float]] = {}
+    hz = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -77,10 +81,19 @@ def children_cpu_s(pid: int) -> tuple[float, float]:
         except OSError:
             continue
         if int(fields[1]) == pid:
-            own += int(fields[11]) + int(fields[12])
-            reaped += int(fields[13]) + int(fields[14])
-    hz = os.sysconf("SC_CLK_TCK")
-    return own / hz, reaped / hz
+            own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+            out[int(entry)] = (own / hz, reaped / hz)
+    return out
+
+
+ChildCpu = dict[int, tuple[float, float]]
+
+
+def cpu_delta(before: ChildCpu, after: ChildCpu) -> tuple[float, float]:
+    """What the children alive at ``after`` used since ``before`` (one born in between: all of it)."""
+    own = sum(v[0] - before.get(p, (0.0, 0.0))[0] for p, v in after.items())
+    reaped = sum(v[1] - before.get(p, (0.0, 0.0))[1] for p, v in after.items())
+    return own, reaped
 
 
 def machine_cpu_s() -> tuple[float, float]:

@@ -8,7 +8,8 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from tangram_cli.bench.dispatch import dispatch, raw_posix_spawn
+from tangram_cli.bench.dispatch import dispatch
+from tangram_cli.bench.raw_spawn import raw_posix_spawn
 
 
 @pytest.mark.parametrize("layout", ["separate", "inprocess"])
@@ -54,7 +55,7 @@ def test_children_cpu_counts_what_a_child_reaped() -> None:
     import subprocess
     import sys
 
-    from tangram_cli.bench.procs import children_cpu_s
+    from tangram_cli.bench.procs import children_cpu_s, cpu_delta
 
     burn = "import time; t = time.process_time() + 0.3\nwhile time.process_time() < t: pass"
     script = (
@@ -64,9 +65,13 @@ def test_children_cpu_counts_what_a_child_reaped() -> None:
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     try:
         assert child.stdout is not None and child.stdout.readline() == b"ok\n"
-        own, reaped = children_cpu_s(os.getpid())
+        kids = children_cpu_s(os.getpid())
+        own, reaped = kids[child.pid]
         assert reaped >= 0.25  # the grandchild's 0.3 s of CPU, reaped by the child
         assert own > 0
+        # compared by pid: a child that is gone at the second reading counts nothing (never less than 0)
+        assert cpu_delta({**kids, 999_999_999: (5.0, 5.0)}, kids) == (0.0, 0.0)
+        assert cpu_delta({}, kids)[1] >= 0.25  # one born in between: all of it
     finally:
         child.kill()
         child.communicate()
