@@ -259,7 +259,7 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
         "staged_share": (counted1.get("staged", 0) - counted0.get("staged", 0)) / started if started else 0.0,
         **_hold_figures(holds, cluster.cores),
         # busy share of all the machine's cores over the run: near 1, it was bound by CPU
-        "machine_busy_share": (machine1[0] - machine0[0]) / max(1e-9, machine1[1] - machine0[1]),
+        "machine_busy_share": _share(machine1[0] - machine0[0], machine1[1] - machine0[1]),
     }
     if cluster.agent is not None:
         cpu0["spawners"], cpu0["actions"] = 0.0, 0.0
@@ -272,6 +272,11 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
         ):  # the bench process holds the clients (and the controller if inprocess)
             out[f"{name}_cpu_ms_per_action"] = (b - a) * 1e3 / max(1, sum(done))
     return out
+
+
+def _share(busy: float, total: float) -> float | None:
+    """busy / total CPU seconds of the machine; None when the run was shorter than one clock tick."""
+    return busy / total if total > 0 else None
 
 
 def _hold_figures(holds: list[tuple[float, float]], cores: int) -> dict[str, Any]:
