@@ -26,7 +26,16 @@ async def until(cond, timeout: float = WAIT_S, what: str = "condition") -> None:
 
 
 def cluster_containers(client, cluster: str) -> list:
-    return client.containers.list(all=True, filters={"label": [f"{LABEL_CLUSTER}={cluster}"]})
+    """The cluster's containers. The SDK lists, then inspects each: one removed in between (the pool
+    removes in the background) raises NotFound, and the list is read again."""
+    import docker.errors
+
+    for _ in range(20):
+        try:
+            return client.containers.list(all=True, filters={"label": [f"{LABEL_CLUSTER}={cluster}"]})
+        except docker.errors.NotFound:
+            continue
+    raise AssertionError("the cluster's containers kept changing under the list")
 
 
 @pytest.fixture
