@@ -52,6 +52,7 @@ import tangram
 from tangram_cli import keys as cluster_keys
 from tangram_cli.bench.goals import at_least, at_most, styled, summary
 from tangram_cli.bench.procs import (
+    ChildCpu,
     ControllerProc,
     children_cpu_s,
     cpu_delta,
@@ -173,7 +174,7 @@ class _Cluster:
             "bench": proc_cpu_s(os.getpid()),
         }
 
-    def children(self) -> dict[int, tuple[float, float]]:
+    def children(self) -> ChildCpu:
         """The agent's children (its spawners): CPU so far, their own and the actions' they reaped."""
         return children_cpu_s(self.agent.pid) if self.agent is not None else {}
 

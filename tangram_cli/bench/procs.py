@@ -56,37 +56,36 @@ def pct(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def proc_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a live process (from /proc), None when it is gone."""
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (field 3 on), None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
+            return fh.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def children_cpu_s(pid: int) -> dict[int, tuple[float, float]]:
-    """CPU seconds of each live child of ``pid`` (e.g. an agent's spawners), by pid: (its own, that of
-    its children it reaped, e.g. the actions it spawned). Compare two readings by pid (``cpu_delta``):
-    a child that exits in between takes its seconds with it."""
-    out: dict[int, tuple[float, float]] = {}
-    hz = os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
-            out[int(entry)] = (own / hz, reaped / hz)
-    return out
+def proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (from /proc), None when it is gone."""
+    fields = _stat(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 ChildCpu = dict[int, tuple[float, float]]
+
+
+def children_cpu_s(pid: int) -> ChildCpu:
+    """CPU seconds of each live child of ``pid`` (e.g. an agent's spawners), by pid: (its own, that of
+    its children it reaped, e.g. the actions it spawned). Compare two readings by pid (``cpu_delta``):
+    a child that exits in between takes its seconds with it."""
+    out: ChildCpu = {}
+    hz = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields is not None and int(fields[1]) == pid:
+            own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+            out[int(entry)] = (own / hz, reaped / hz)
+    return out
 
 
 def cpu_delta(before: ChildCpu, after: ChildCpu) -> tuple[float, float]:

@@ -12,14 +12,13 @@ import subprocess
 import time
 from typing import Any
 
+from tangram_cli.bench.procs import pct
+
 
 def pct_or_nan(values: list[float], q: float) -> float:
-    """The q-quantile (nearest rank) of ``values``; NaN when empty."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[k]
+    """``procs.pct`` (the nearest-rank q-quantile), NaN instead of None when empty."""
+    v = pct(values, q)
+    return float("nan") if v is None else v
 
 
 def cores_of(cpus: str) -> list[int]:
