@@ -65,6 +65,10 @@ from .fastpath import CgroupMount, _read, _write, parse_mountinfo
 SANDBOX_PREFIX = "sb-"
 LIMITS = ("cpuset", "memory", "pids")
 SLOTS_PER_SANDBOX = 8  # free slots kept per sandbox; more are removed
+# A sandbox whose free slots all have other cpus gets a new slot while it has fewer free ones than this,
+# instead of re-setting one's cpuset.cpus: actions that come back to the same cores (one sandbox's actions
+# alternating between two cores, say) then find their slot ready, and a cpuset write leaves the action path.
+SLOT_SHAPES = 4
 log = logging.getLogger("agent.executors.proc_cgroups")
 
 
@@ -290,12 +294,16 @@ class SandboxCgroups:
     # ------------------------------------------------------------ slots
 
     def take(self, sb: SandboxGroup, cores: Iterable[int]) -> Slot:
-        """An empty slot of ``sb`` on exactly ``cores``: a free one (with those cores if there is one)."""
+        """An empty slot of ``sb`` on exactly ``cores``: a free one with those cores if there is one, else
+        a new one while ``sb`` has fewer than ``SLOT_SHAPES`` free, else a free one re-set to ``cores``."""
         cpus = format_cpuset(cores)
         for i in range(len(sb.free) - 1, -1, -1):
             if sb.free[i].cpus == cpus:
                 return sb.free.pop(i)
-        slot = sb.free.pop() if sb.free else self._new_slot(sb)
+        if len(sb.free) < SLOT_SHAPES:
+            slot = self._new_slot(sb)
+        else:
+            slot = sb.free.pop()
         try:
             self.fs.write(os.path.join(slot.dirs[self._cpuset_index()], "cpuset.cpus"), cpus)
         except OSError:

@@ -31,6 +31,8 @@ Requests (JSON, one per datagram):
   "error": "..."}`` when it could not start. A program that does not exist or cannot run exits 127 / 126
   with a shell-like message on its stderr; so does a spawn refused by the sandbox's process limit (126).
 * ``{"op": "kill", "id": N}``: SIGKILL the action's process group. No reply.
+* ``"slot"`` in a spawn request and ``{"op": "forget", "slot": KEY}``: the join files of a slot, passed once
+  and kept (``spawnloop``'s doc).
 
 Then it says ``{"ready": pid}`` and serves until the agent closes the socket; leaving, it kills the process
 groups of the actions still running.

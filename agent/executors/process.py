@@ -473,11 +473,16 @@ class ProcessExecutor:
     def _send_spawn(self, act: _Action, spawner: Spawner, argv: list[str], env: dict[str, str],
                     fds: tuple[int, ...], cwd: str, cores: tuple[int, ...]) -> Job:
         """The spawn request, with the files of the action's cgroups (``join_file``s: its slot, or its cgroup)
-        for the spawner to move into. A sandbox's spawner has its directory already."""
+        for the spawner to move into; a sandbox's spawner keeps a slot's files, so they go once per slot
+        (``Spawner.spawn(slot=...)``). A sandbox's spawner has its directory already."""
         where = {"cores": sorted(cores)} if act.slot is not None else {"cwd": cwd, "cores": sorted(cores)}
+        slot = None
         if act.slot is not None:
             assert act.sb is not None
             assert self.sbcg is not None
+            slot = act.slot.dirs[0]  # (a slot's name is never reused while its sandbox, and spawner, lives)
+            if spawner.knows(slot):  # it keeps the slot's files: nothing to open or pass
+                return spawner.spawn(argv, env, fds, slot=slot, **where)
             joins = self.sbcg.request_joins(act.sb.cg, act.slot)
         elif act.cg is not None:
             assert self.cgroups is not None
@@ -488,7 +493,7 @@ class ProcessExecutor:
         try:
             for path in joins:
                 opened.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
-            return spawner.spawn(argv, env, (*fds, *opened), **where)
+            return spawner.spawn(argv, env, (*fds, *opened), slot=slot, **where)
         finally:
             for fd in opened:
                 os.close(fd)

@@ -20,6 +20,7 @@ the event loop, and the executor ``abandon``s one that does not report an exit a
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -39,6 +40,7 @@ PROC_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "proc_spa
 MAX_MSG = 4 << 20  # the spawner's receive size; larger requests take the nsenter path
 START_TIMEOUT_S = 10.0
 SEND_TRIES = 50  # 100 ms apart: a spawner that takes no request for 5 s counts as lost
+SLOTS_KEPT = 16  # the slots whose join files a spawner keeps (``spawn(slot=...)``); more: the oldest go
 log = logging.getLogger("agent.executors.spawner")
 
 
@@ -82,6 +84,8 @@ class Spawner:
     alive: bool = True
     untrusted: bool = False  # runs as a sandbox's user: never wait for it (see the module doc)
     _next: int = 0
+    # the slots (keys) whose join files the spawner keeps, oldest first: what it was sent, in order
+    _kept: collections.OrderedDict[str, None] = field(default_factory=collections.OrderedDict)
 
     @classmethod
     async def start(cls, cfg: dict[str, Any], timeout_s: float = START_TIMEOUT_S) -> Spawner:
@@ -112,21 +116,43 @@ class Spawner:
             raise
         return sp
 
-    def spawn(self, argv: list[str], env: dict[str, str], fds: tuple[int, ...], **where: Any) -> Job:
+    def spawn(self, argv: list[str], env: dict[str, str], fds: tuple[int, ...], slot: str | None = None,
+              **where: Any) -> Job:
         """Send one spawn request (``where``: ``cwd`` and ``cores`` in plain mode; ``fds``: stdin, stdout,
-        stderr, and the ``cgroup.procs`` of the action's cgroup where it has one); raises SpawnerLost, or
-        ExecutorError when it is too large to send."""
+        stderr, and the join files of the action's cgroups where it has them); raises SpawnerLost, or
+        ExecutorError when it is too large to send. With ``slot`` (a key of those cgroups), join files sent
+        are kept by the spawner under it, and a request with only the stdio uses those kept (``knows``)."""
         if not self.alive:
             raise SpawnerLost("the spawner is gone")
         self._next += 1
         job = Job(self._next, self.loop.create_future())
         job.exit.add_done_callback(lambda f: f.cancelled() or f.exception())
-        data = json.dumps({"op": "spawn", "id": job.id, "argv": argv, "env": env, **where}).encode()
+        msg = {"op": "spawn", "id": job.id, "argv": argv, "env": env, **where}
+        if slot is not None:
+            msg["slot"] = slot
+        data = json.dumps(msg).encode()
         if len(data) > MAX_MSG:
             raise ExecutorError(f"spawn request of {len(data)} bytes is over {MAX_MSG}")
         self._send(data, fds)
         self.jobs[job.id] = job
+        if slot is not None and len(fds) > 3:
+            self._keep(slot)
         return job
+
+    def knows(self, slot: str) -> bool:
+        """Whether the spawner keeps the join files of ``slot`` (then a spawn there sends only the stdio)."""
+        if slot not in self._kept:
+            return False
+        self._kept.move_to_end(slot)
+        return True
+
+    def _keep(self, slot: str) -> None:
+        self._kept[slot] = None
+        self._kept.move_to_end(slot)
+        while len(self._kept) > SLOTS_KEPT:
+            old, _ = self._kept.popitem(last=False)
+            with contextlib.suppress(ExecutorError):  # lost: nothing is kept any more
+                self._send(json.dumps({"op": "forget", "slot": old}).encode(), ())
 
     def kill(self, job: Job) -> None:
         """SIGKILL the job's main process (the spawner is its parent: no pid reuse race)."""

@@ -15,6 +15,10 @@ Protocol (JSON, one request per datagram on the ``SOCK_SEQPACKET`` socket that i
   run exits 127 / 126 with a shell-like message on its stderr.
 * ``{"op": "kill", "id": N}``: SIGKILL the action's process group. No reply. The spawner is the parent:
   the pid cannot have been reused.
+* A spawn request may name a ``"slot"`` (a key: the agent's path of the action's cgroup). With more than the
+  three stdio descriptors, the rest (its cgroup files) are kept under that key; with only the three, those
+  kept are used. So the agent opens and passes a slot's files once, not per action.
+  ``{"op": "forget", "slot": KEY}`` closes the ones kept under ``KEY`` (the agent keeps a few per spawner).
 
 The spawner says ``{"ready": pid}`` once set up (``{"failed": why}`` when it cannot be) and serves until
 the agent closes the socket; leaving, it kills the process groups of the actions still running.
@@ -124,6 +128,7 @@ class Server:
         if stop_fd is not None:
             self.poll.register(stop_fd, select.EPOLLIN)
         self.children = {}  # pidfd -> (request id, pid)
+        self.slots = {}  # slot key -> the join fds kept for it (see the module doc)
         self.by_id = {}  # request id -> pid, until reaped
         self.sigdef = SIGDEF
 
@@ -156,15 +161,31 @@ class Server:
             raise SystemExit(0) from None
         if not data:
             raise SystemExit(0)
+        kept = ()
         try:
             req = json.loads(data)
-            if req.get("op") == "spawn":
-                self.spawn(req, fds)
-            elif req.get("op") == "kill" and req.get("id") in self.by_id:
+            op = req.get("op")
+            if op == "spawn":
+                kept = self.keep(req.get("slot"), fds)
+                self.spawn(req, fds[:3] + self.slots.get(req.get("slot"), []) if req.get("slot") else fds)
+            elif op == "kill" and req.get("id") in self.by_id:
                 kill_group(self.by_id[req["id"]])
+            elif op == "forget":
+                for fd in self.slots.pop(req.get("slot"), ()):
+                    os.close(fd)
         finally:
             for fd in fds:
-                os.close(fd)
+                if fd not in kept:
+                    os.close(fd)
+
+    def keep(self, slot, fds):
+        """Keep the join fds a request brings for ``slot`` (replacing those kept before); the fds kept."""
+        if not isinstance(slot, str) or len(fds) <= 3:
+            return ()
+        for fd in self.slots.pop(slot, ()):
+            os.close(fd)
+        self.slots[slot] = fds[3:]
+        return fds[3:]
 
     def spawn(self, req, fds):
         if len(fds) not in self.nfds:

@@ -161,6 +161,11 @@ class Collector:
             log.info("full garbage collection took %.0f ms (%s)", took * 1e3, "idle" if idle else "overdue")
 
 
+def _wake(waiter: asyncio.Future[bool] | None, timed_out: bool) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(timed_out)
+
+
 class Driver:
     def __init__(self, core: Scheduler, clock: WallClock, journal: Journal, dispatch: Dispatch) -> None:
         self.core = core
@@ -169,7 +174,7 @@ class Driver:
         self.dispatch = dispatch
         self._urgent: collections.deque[tuple[ev.Event, After | None]] = collections.deque()
         self._normal: collections.deque[tuple[ev.Event, After | None]] = collections.deque()
-        self._wake = asyncio.Event()
+        self._waiter: asyncio.Future[bool] | None = None  # the idle driver's: True when its deadline came
         self.handled = 0
         self.loop_lag_s = 0.0  # longest single handle+dispatch, for status
         self.yields = 0  # times a long drain gave the loop back (SLICE_S)
@@ -192,7 +197,7 @@ class Driver:
         and answer clients, and a burst of submissions must not starve them. Everything a
         client sends (submissions, cancels, ClientGone) keeps its arrival order."""
         (self._urgent if isinstance(event, URGENT) else self._normal).append((event, after))
-        self._wake.set()
+        _wake(self._waiter, False)
 
     @property
     def pending(self) -> int:
@@ -269,6 +274,21 @@ class Driver:
                 out.append(lane.popleft())
         return out
 
+    async def _idle(self, timeout: float | None) -> bool:
+        """Sleep until an event is posted (False) or `timeout` seconds passed (True). A bare future
+        and at most one timer, not `asyncio.wait_for` on an `Event` (a task, a future and a timer
+        made and dropped every time the driver runs dry: at 16 actions in flight that is several
+        times per action)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None if timeout is None else loop.call_later(max(timeout, 0.0), _wake, waiter, True)
+        try:
+            return await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
     async def run(self) -> None:
         """Handle events until cancelled, in batches (`_take`): completions first, then the rest
         in arrival order; a `Tick` when nothing arrives before the core's next deadline; the
@@ -279,14 +299,7 @@ class Driver:
                 self._flush()  # idle: what was decided reaches the OS before the driver sleeps
                 if self.collector is not None:
                     self.collector.maybe_collect(idle=True)
-                self._wake.clear()
-                timeout = self.clock.until(self.core.next_deadline())
-                try:
-                    if timeout is None:
-                        await self._wake.wait()
-                    else:
-                        await asyncio.wait_for(self._wake.wait(), timeout)
-                except (TimeoutError, asyncio.TimeoutError):
+                if await self._idle(self.clock.until(self.core.next_deadline())):
                     self.step(ev.Tick())
                 continue
             slice_end = time.perf_counter() + SLICE_S

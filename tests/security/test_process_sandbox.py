@@ -33,10 +33,12 @@ from typing import ClassVar
 import pytest
 
 from agent.executors import cgroups as cg
+from agent.executors import spawner as spawner_mod
 from agent.executors import users
 from agent.executors.base import PathRejected, RunRequest, SandboxSpec
 from agent.executors.fastpath import parse_mountinfo
 from agent.executors.proc_cgroups import (
+    SLOT_SHAPES,
     CgroupFs,
     Roles,
     SandboxCgroups,
@@ -46,6 +48,7 @@ from agent.executors.proc_cgroups import (
 )
 from agent.executors.proc_contain import Containment, ContainmentUnavailable
 from agent.executors.process import ProcessExecutor, dropping_argv
+from tangram.units import format_cpulist
 
 CPUS = sorted(os.sched_getaffinity(0))
 ROOT = os.geteuid() == 0
@@ -362,6 +365,42 @@ async def test_the_memory_limit_spans_the_sandboxs_actions(tmp_path):
 
 
 # ---------------------------------------------------------------- processes and cores
+
+
+@needs_root
+async def test_a_spawner_keeps_few_slots_files_and_actions_still_land_in_their_slots(tmp_path, monkeypatch):
+    """The spawner keeps the join files of the last ``SLOTS_KEPT`` slots (2 here), so most actions pass only
+    their stdio; a slot it forgot gets its files again. Whatever it keeps or forgets, every action runs in
+    its own slot's cgroups on its cores, and the spawner holds no more descriptors than that bound allows."""
+    if len(CPUS) < 2:
+        pytest.skip("needs two cores (three core sets)")
+    monkeypatch.setattr(spawner_mod, "SLOTS_KEPT", 2)
+    e = executor(tmp_path, spawner=True)
+    try:
+        await sandbox(e, "s1")
+        shapes = [(c,) for c in CPUS[:3]] + [tuple(CPUS[:2])]
+        seen_fds = []
+        for i in range(3 * len(shapes)):
+            cores = shapes[i % len(shapes)]
+            r = await e.run(req("s1", "grep Cpus_allowed_list /proc/self/status; cat /proc/self/cgroup",
+                                cores=cores))
+            assert r.exit_code == 0, r
+            out = r.stdout.decode()
+            assert f"Cpus_allowed_list:\t{format_cpulist(cores)}" in out, out
+            sb = e._sandboxes["s1"]
+            names = {line.rsplit("/", 1)[-1] for line in out.splitlines() if "/slot-" in line}
+            assert len(names) == 1, out  # one slot in every slot-level hierarchy
+            name = names.pop()
+            slot = next(s for s in sb.cg.free if s.dirs[0].endswith("/" + name))  # (given back after the run)
+            assert slot.cpus == format_cpulist(cores), (slot, cores)
+            seen_fds.append(len(os.listdir(f"/proc/{sb.spawner.pid}/fd")))
+        assert len(shapes) > 2 and len(sb.spawner._kept) == 2  # (so it forgot some on the way)
+        per_slot = len(e.sbcg.request_joins(sb.cg, sb.cg.free[0]))
+        assert max(seen_fds) - min(seen_fds) <= per_slot, seen_fds  # one slot's files more at most (1 -> 2)
+    finally:
+        await close_all(e)
+
+
 
 
 @needs_root
@@ -702,6 +741,45 @@ def test_cgroup_v1_writes_against_a_mimic(tmp_path):
     assert join == [f"{names[3]}/tasks"]
     assert _rd(f"{names[1]}/slot-0/cpuset.cpus") == "5" and _rd(f"{names[1]}/slot-0/cpuset.mems") == "0"
     assert parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n") == 7
+
+
+def test_slots_kept_per_cpuset_against_a_v1_mimic(tmp_path):
+    """Actions of one sandbox that come back to the same cores find their slot with those cpus: a sandbox
+    with fewer than ``SLOT_SHAPES`` free slots gets a new slot rather than a re-set cpuset; with that many,
+    a free one is re-set (one ``cpuset.cpus`` write)."""
+    roots = {}
+    for ctrl in ("freezer", "cpuset", "memory", "pids"):
+        roots[str(tmp_path / ctrl)] = ctrl
+        os.mkdir(tmp_path / ctrl)
+    _wr(str(tmp_path / "cpuset" / "cpuset.cpus"), "0-7")
+    _wr(str(tmp_path / "cpuset" / "cpuset.mems"), "0")
+    fs = MimicFs(roots)
+    hs = {c: cg.Hierarchy(str(tmp_path / c), v2=False, controller=c) for c in roots.values()}
+    sbcg = SandboxCgroups(Roles(hs["freezer"], hs["cpuset"], hs["memory"], hs["pids"]), "c1", "n1", fs=fs)
+    sb = sbcg.sandbox("s1", 128, 64)
+
+    def cpus_writes() -> list[str]:
+        return [t for p, t in fs.log if p.endswith("/cpuset.cpus") and "/slot-" in p]
+
+    a = sbcg.take(sb, (0,))
+    assert sbcg.give_back(sb, a)
+    b = sbcg.take(sb, (1,))
+    assert b is not a and b.cpus == "1" and a.cpus == "0"
+    assert sbcg.give_back(sb, b)
+    before = len(cpus_writes())
+    for cores, slot in (((0,), a), ((1,), b), ((0,), a), ((1,), b)):  # alternating: no write at all
+        assert sbcg.take(sb, cores) is slot
+        assert sbcg.give_back(sb, slot)
+    assert len(cpus_writes()) == before
+    more = [sbcg.take(sb, (c,)) for c in range(2, 2 + SLOT_SHAPES)]  # a, b free: new slots for new cores
+    assert len({id(s) for s in more}) == SLOT_SHAPES and not {id(a), id(b)} & {id(s) for s in more}
+    for s in more:
+        assert sbcg.give_back(sb, s)
+    assert len(sb.free) == 2 + SLOT_SHAPES
+    n_slots, before = len(sb.free), len(cpus_writes())
+    again = sbcg.take(sb, (7,))  # free ones enough: one of them is re-set, no new cgroup
+    assert again.cpus == "7" and len(sb.free) == n_slots - 1 and cpus_writes()[before:] == ["7"]
+    assert _rd(os.path.join(again.dirs[1], "cpuset.cpus")) == "7"
 
 
 @needs_root
