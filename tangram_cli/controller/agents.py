@@ -43,7 +43,7 @@ from tangram_cli.controller.agent_gpu import GpuCommands
 from tangram_cli.controller.config import ControllerConfig
 from tangram_cli.controller.facts import Agent, Reply, node_event
 from tangram_cli.controller.state import ActionRecord, Registry, encode_to
-from tangram_cli.controller.wire import Batcher, send_now, serve, shadow
+from tangram_cli.controller.wire import Batcher, send_now, serve, unread
 
 log = logging.getLogger("tangram.controller.agents")
 
@@ -380,7 +380,6 @@ class AgentLink(CpuCommands, GpuCommands):
         socket, or right after this task itself woke up late (a busy loop), nobody is declared
         lost: a busy controller must not drop a healthy agent."""
         period = min(self.hb / 2, 0.5)
-        sync = shadow(self.sock)
         expected = self.clock.now() + period
         while True:
             await asyncio.sleep(period)
@@ -389,7 +388,7 @@ class AgentLink(CpuCommands, GpuCommands):
             for agent in list(self.agents.values()):
                 if agent.live and now - agent.last_sent >= self.hb:
                     self._send(agent, protocol.Heartbeat())
-            if late > self.hb or sync.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if late > self.hb or unread(self.sock):  # (which has the reader read it next)
                 self.counters["liveness_deferred"] += 1
                 continue
             for agent in list(self.agents.values()):

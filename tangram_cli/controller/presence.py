@@ -13,12 +13,10 @@ import asyncio
 import logging
 from typing import Any
 
-import zmq
-
 from tangram.core import events as ev
 from tangram_cli.controller.replies import ClientState
 from tangram_cli.controller.sessions import client_tag
-from tangram_cli.controller.wire import shadow
+from tangram_cli.controller.wire import unread
 
 log = logging.getLogger("tangram.controller.gateway")
 
@@ -27,6 +25,7 @@ class Presence:
     """Mixed into `Gateway`; uses its socket, clients, registry, outboxes, counters and clock."""
 
     sock: Any
+    wire: Any
     clients: dict[bytes, ClientState]
     registry: Any
     clock: Any
@@ -42,9 +41,9 @@ class Presence:
         while True:
             await asyncio.sleep(max(0.05, min(1.0, grace / 4)))
             now = self.clock.now()
-            unread = shadow(self.sock).getsockopt(zmq.EVENTS) & zmq.POLLIN  # judge only what was read
+            waiting = unread(self.wire)  # judge only what was read (and read it next)
             for client in list(self.clients.values()):
-                if not unread and now - client.last_seen > grace:
+                if not waiting and now - client.last_seen > grace:
                     self._client_gone(client, f"silent for {now - client.last_seen:.1f}s")
             self._watch_routes()
             for ident in list(self.outbox):

@@ -44,6 +44,24 @@ def send_now(sock: Any, frames: list[bytes]) -> bool:
     return True
 
 
+def unread(sock: Any) -> bool:
+    """Whether a message waits on `sock` (a socket `serve`d here), not read yet. Asking ZeroMQ's
+    `EVENTS` processes the socket's pending commands, which takes the edge of its descriptor: a
+    message that arrived meanwhile would then wait unseen until a new edge (a send here, or the
+    first message of a peer whose queue was empty), since one more message on a queue that already
+    holds some raises none. So when one waits, the socket's reader is poked. Measured before: the
+    whole dispatch run stood still for a second (the peers' next heartbeats) in about a third of
+    the runs, the liveness checks having asked right as results came in."""
+    sync = shadow(sock)
+    events = getattr(sync, "sync", sync)  # SubmitWire: its socket
+    waiting = bool(events.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+    if waiting:
+        reader = _readers.get(id(sync))
+        if reader is not None:
+            reader.poke()
+    return waiting
+
+
 OnFail = Callable[[bytes, list[bytes]], None]
 
 
@@ -127,4 +145,4 @@ async def serve(
         _readers.pop(id(reader.sync), None)
 
 
-__all__ = ["Batcher", "send_now", "serve", "shadow"]
+__all__ = ["Batcher", "send_now", "serve", "shadow", "unread"]
