@@ -57,9 +57,11 @@ async def measure(n: int, workers: int, cpus: str) -> str:
         await asyncio.gather(*(worker(i, WARM, "warm") for i in range(workers)))
         spawners = [sb.spawner.pid for sb in ex._sandboxes.values() if sb.spawner is not None]
         per = n // workers
-        r0, s0, t0 = resource.getrusage(resource.RUSAGE_SELF), [cpu_of(p) for p in spawners], time.perf_counter()
+        r0, s0 = resource.getrusage(resource.RUSAGE_SELF), [cpu_of(p) for p in spawners]
+        t0 = time.perf_counter()
         await asyncio.gather(*(worker(i, per, "a") for i in range(workers)))
-        t1, r1, s1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF), [cpu_of(p) for p in spawners]
+        t1 = time.perf_counter()
+        r1, s1 = resource.getrusage(resource.RUSAGE_SELF), [cpu_of(p) for p in spawners]
         done = per * workers
         agent = (r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / done * 1e3
         spawn = sum(b[0] - a[0] for a, b in zip(s0, s1, strict=True)) / done * 1e3
