@@ -709,7 +709,9 @@ def test_cgroup_v2_writes_against_a_mimic(tmp_path):
     assert not any(p.endswith(("cgroup.procs", "tasks")) for p, _ in fs.log)  # nothing joined in the setup
 
 
-def test_cgroup_v1_writes_against_a_mimic(tmp_path):
+def _v1_mimic(tmp_path):
+    """A v1 host in a mimic (freezer, cpuset with cpus 0-7, memory, pids): (fs, hierarchies by controller,
+    the SandboxCgroups of node n1)."""
     roots = {}
     for ctrl in ("freezer", "cpuset", "memory", "pids"):
         roots[str(tmp_path / ctrl)] = ctrl
@@ -718,7 +720,12 @@ def test_cgroup_v1_writes_against_a_mimic(tmp_path):
     _wr(str(tmp_path / "cpuset" / "cpuset.mems"), "0")
     fs = MimicFs(roots)
     hs = {c: cg.Hierarchy(str(tmp_path / c), v2=False, controller=c) for c in roots.values()}
-    sbcg = SandboxCgroups(Roles(hs["freezer"], hs["cpuset"], hs["memory"], hs["pids"]), "c1", "n1", fs=fs)
+    roles = Roles(hs["freezer"], hs["cpuset"], hs["memory"], hs["pids"])
+    return fs, hs, SandboxCgroups(roles, "c1", "n1", fs=fs)
+
+
+def test_cgroup_v1_writes_against_a_mimic(tmp_path):
+    fs, hs, sbcg = _v1_mimic(tmp_path)
     assert [h.controller for h in sbcg.hs] == ["freezer", "cpuset", "memory", "pids"]
     inc_cpuset = sbcg.dirs[hs["cpuset"]]
     assert (_rd(f"{inc_cpuset}/cpuset.cpus"), _rd(f"{inc_cpuset}/cpuset.mems")) == ("0-7", "0")
@@ -747,15 +754,7 @@ def test_slots_kept_per_cpuset_against_a_v1_mimic(tmp_path):
     """Actions of one sandbox that come back to the same cores find their slot with those cpus: a sandbox
     with fewer than ``SLOT_SHAPES`` free slots gets a new slot rather than a re-set cpuset; with that many,
     a free one is re-set (one ``cpuset.cpus`` write)."""
-    roots = {}
-    for ctrl in ("freezer", "cpuset", "memory", "pids"):
-        roots[str(tmp_path / ctrl)] = ctrl
-        os.mkdir(tmp_path / ctrl)
-    _wr(str(tmp_path / "cpuset" / "cpuset.cpus"), "0-7")
-    _wr(str(tmp_path / "cpuset" / "cpuset.mems"), "0")
-    fs = MimicFs(roots)
-    hs = {c: cg.Hierarchy(str(tmp_path / c), v2=False, controller=c) for c in roots.values()}
-    sbcg = SandboxCgroups(Roles(hs["freezer"], hs["cpuset"], hs["memory"], hs["pids"]), "c1", "n1", fs=fs)
+    fs, _, sbcg = _v1_mimic(tmp_path)
     sb = sbcg.sandbox("s1", 128, 64)
 
     def cpus_writes() -> list[str]:
