@@ -166,12 +166,13 @@ class Server:
             req = json.loads(data)
             op = req.get("op")
             if op == "spawn":
-                kept = self.keep(req.get("slot"), fds)
-                self.spawn(req, fds[:3] + self.slots.get(req.get("slot"), []) if req.get("slot") else fds)
+                slot = req.get("slot")
+                kept = self.keep(slot, fds)
+                self.spawn(req, fds[:3] + self.slots.get(slot, []) if isinstance(slot, str) else fds)
             elif op == "kill" and req.get("id") in self.by_id:
                 kill_group(self.by_id[req["id"]])
-            elif op == "forget":
-                for fd in self.slots.pop(req.get("slot"), ()):
+            elif op == "forget" and isinstance(req.get("slot"), str):
+                for fd in self.slots.pop(req["slot"], ()):
                     os.close(fd)
         finally:
             for fd in fds:

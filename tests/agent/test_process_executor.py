@@ -337,3 +337,28 @@ async def test_spawner_reports_a_missing_program_as_a_shell_would(tmp_path):
         assert sp.alive
     finally:
         await sp.close()
+
+
+async def test_spawner_ignores_slot_keys_it_cannot_use(tmp_path):
+    """``slot`` keys that are not strings, or that it never kept, change nothing: the spawner serves on."""
+    import json
+
+    from agent.executors.spawn import ChildIO
+    from agent.executors.spawner import Spawner, plain_config
+
+    sp = await Spawner.start(plain_config())
+    try:
+        for junk in ({"op": "forget", "slot": [1]}, {"op": "forget", "slot": {"a": 1}},
+                     {"op": "forget", "slot": "never-kept"}):
+            sp._send(json.dumps(junk).encode(), ())
+        io = ChildIO(1000, None)
+        job = sp.spawn(["/bin/sh", "-c", "echo ran"], {}, io.child_fds, slot=["not", "a", "key"],  # type: ignore[arg-type]
+                       cwd=str(tmp_path), cores=[CPUS[0]])
+        io.start()
+        assert await asyncio.wait_for(job.exit, 5) == 0
+        await io.wait_eof(5)
+        assert io.out.value() == b"ran\n"
+        io.close()
+        assert sp.alive and not sp._kept  # only stdio went: nothing is kept for it
+    finally:
+        await sp.close()
