@@ -53,7 +53,7 @@ def unread(sock: Any) -> bool:
     whole dispatch run stood still for a second (the peers' next heartbeats) in about a third of
     the runs, the liveness checks having asked right as results came in."""
     sync = shadow(sock)
-    events = getattr(sync, "sync", sync)  # SubmitWire: its socket
+    events = sync if isinstance(sync, zmq.Socket) else sync.sync  # a wrapper (SubmitWire): its socket
     waiting = bool(events.getsockopt(zmq.EVENTS) & zmq.POLLIN)
     if waiting:
         reader = _readers.get(id(sync))
