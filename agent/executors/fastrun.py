@@ -86,12 +86,8 @@ async def run_spawned(req: RunRequest, act: FastAction, sb: Any, t0: float) -> R
     io: ChildIO | None = None
     try:
         io = ChildIO(req.output_cap, req.stdin)
-        procs = os.open(fastpath.join_file(act.sub_cg, sb.cg.v2), os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            act.spawner = sb.spawner
-            act.job = sb.spawner.spawn([SHELL, "-c", cmd], env, (*io.child_fds, procs))
-        finally:
-            os.close(procs)
+        act.spawner = sb.spawner
+        act.job = _spawn(sb.spawner, [SHELL, "-c", cmd], env, io.child_fds, act.sub_cg, sb.cg.v2)
         # The deadline only starts the kill: the exit it causes is what this waits for, as for any exit.
         io.start(req.timeout_s, act.time_out)
         if act.killed:  # a Kill that came while the request was being sent
@@ -101,6 +97,20 @@ async def run_spawned(req: RunRequest, act: FastAction, sb: Any, t0: float) -> R
     finally:
         await _end(act, io)  # the output is complete only after this
     return _result(req, io, code, act.timed_out, act, t0, setup_s)
+
+
+def _spawn(spawner: Spawner, argv: list[str], env: dict[str, str], stdio: tuple[int, ...], sub_cg: str | None,
+           v2: bool) -> Job:
+    """The spawn request; the slot's join file goes once per slot (the spawner keeps it: ``spawn(slot=...)``,
+    forgotten when the slot is removed, since a slot's name may come back: ``_end``)."""
+    assert sub_cg is not None
+    if spawner.knows(sub_cg):
+        return spawner.spawn(argv, env, stdio, slot=sub_cg)
+    procs = os.open(fastpath.join_file(sub_cg, v2), os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        return spawner.spawn(argv, env, (*stdio, procs), slot=sub_cg)
+    finally:
+        os.close(procs)
 
 
 async def _exit_code(act: FastAction, sb: Any) -> int:
@@ -166,4 +176,6 @@ async def _end(act: FastAction, io: ChildIO | None) -> None:
             io.close()
         sub, act.sub_cg = act.sub_cg, None  # a late Kill must not touch the slot once it is back
         if sub is not None and act.pool is not None and not (emptied and act.pool.give_back(sub)):
+            if act.spawner is not None:  # its name may come back for a new cgroup: no stale file for it
+                act.spawner.forget(sub)
             await asyncio.to_thread(fastpath.remove_cgroup, sub)

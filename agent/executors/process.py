@@ -441,6 +441,8 @@ class ProcessExecutor:
         if not pending and self.sbcg.give_back(act.sb.cg, slot):
             return
         spare = (act.spawner.pid,) if act.spawner is not None else ()  # it passes through while spawning
+        if act.spawner is not None:
+            act.spawner.forget(slot.dirs[0])  # (what it kept for the slot is of no use any more)
         try:
             left = await asyncio.to_thread(self.sbcg.remove, slot, spare)
         except OSError as exc:

@@ -146,6 +146,12 @@ class Spawner:
         self._kept.move_to_end(slot)
         return True
 
+    def forget(self, slot: str) -> None:
+        """The slot is gone (its cgroup removed): the spawner closes what it keeps for it."""
+        if self._kept.pop(slot, False) is None and self.alive:
+            with contextlib.suppress(ExecutorError):  # lost: nothing is kept any more
+                self._send(json.dumps({"op": "forget", "slot": slot}).encode(), ())
+
     def _keep(self, slot: str) -> None:
         self._kept[slot] = None
         self._kept.move_to_end(slot)

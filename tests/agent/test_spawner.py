@@ -148,3 +148,36 @@ async def test_an_action_running_when_its_sandbox_is_destroyed_reads_as_killed(e
     r = await asyncio.wait_for(task, 10)
     assert r.killed and r.exit_code == 137, r
     assert _host_sleepers(sb.cid, b"100") == []
+
+
+async def test_a_slot_removed_and_made_again_gets_its_files_sent_again(ex, busybox_image, test_labels,
+                                                                      monkeypatch):
+    """The spawner keeps each slot's join file; a slot that could not be given back is removed, and its name
+    comes back for the next new slot: that one's file is sent again, so the action lands in it, on its cores
+    (a file kept for the removed cgroup would fail the spawn)."""
+    from agent.executors import fastpath
+
+    sb = await make(ex, busybox_image, test_labels)
+    cmd = "grep Cpus_allowed_list /proc/self/status; cat /proc/self/cgroup"
+    r = await ex.run(req(cmd, (0,)))
+    assert cpus_seen(r.stdout) == (0,) and "tangram-slot-0" in r.stdout.decode()
+    assert list(sb.spawner._kept) == [os.path.join(sb.cg.cpuset, "tangram-slot-0")]
+    real = fastpath.SlotPool.give_back
+    refused: list[str] = []
+
+    def refuse_once(self, sub):
+        if not refused:
+            refused.append(sub)
+            self.names.discard(os.path.basename(sub))  # as when its cpuset cannot be emptied
+            return False
+        return real(self, sub)
+
+    monkeypatch.setattr(fastpath.SlotPool, "give_back", refuse_once)
+    r = await ex.run(req(cmd, (1,)))
+    assert r.exit_code == 0 and cpus_seen(r.stdout) == (1,)
+    assert refused and not os.path.exists(refused[0])  # removed, and forgotten by the spawner
+    assert list(sb.spawner._kept) == []
+    r = await ex.run(req(cmd, (0,)))  # a new slot under the same name
+    assert r.exit_code == 0, r
+    assert cpus_seen(r.stdout) == (0,) and "tangram-slot-0" in r.stdout.decode()
+    assert list(sb.spawner._kept) == [os.path.join(sb.cg.cpuset, "tangram-slot-0")]
