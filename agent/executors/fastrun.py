@@ -87,7 +87,11 @@ async def run_spawned(req: RunRequest, act: FastAction, sb: Any, t0: float) -> R
     try:
         io = ChildIO(req.output_cap, req.stdin)
         act.spawner = sb.spawner
-        act.job = _spawn(sb.spawner, [SHELL, "-c", cmd], env, io.child_fds, act.sub_cg, sb.cg.v2)
+        sub = act.sub_cg
+        assert sub is not None
+        # its slot's join file goes once per slot, forgotten when the slot is removed (the name comes back)
+        act.job = sb.spawner.spawn_joining([SHELL, "-c", cmd], env, io.child_fds,
+                                           lambda: [fastpath.join_file(sub, sb.cg.v2)], slot=sub)
         # The deadline only starts the kill: the exit it causes is what this waits for, as for any exit.
         io.start(req.timeout_s, act.time_out)
         if act.killed:  # a Kill that came while the request was being sent
@@ -97,20 +101,6 @@ async def run_spawned(req: RunRequest, act: FastAction, sb: Any, t0: float) -> R
     finally:
         await _end(act, io)  # the output is complete only after this
     return _result(req, io, code, act.timed_out, act, t0, setup_s)
-
-
-def _spawn(spawner: Spawner, argv: list[str], env: dict[str, str], stdio: tuple[int, ...], sub_cg: str | None,
-           v2: bool) -> Job:
-    """The spawn request; the slot's join file goes once per slot (the spawner keeps it: ``spawn(slot=...)``,
-    forgotten when the slot is removed, since a slot's name may come back: ``_end``)."""
-    assert sub_cg is not None
-    if spawner.knows(sub_cg):
-        return spawner.spawn(argv, env, stdio, slot=sub_cg)
-    procs = os.open(fastpath.join_file(sub_cg, v2), os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        return spawner.spawn(argv, env, (*stdio, procs), slot=sub_cg)
-    finally:
-        os.close(procs)
 
 
 async def _exit_code(act: FastAction, sb: Any) -> int:

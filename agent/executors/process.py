@@ -478,27 +478,18 @@ class ProcessExecutor:
         for the spawner to move into; a sandbox's spawner keeps a slot's files, so they go once per slot
         (``Spawner.spawn(slot=...)``). A sandbox's spawner has its directory already."""
         where = {"cores": sorted(cores)} if act.slot is not None else {"cwd": cwd, "cores": sorted(cores)}
-        slot = None
         if act.slot is not None:
             assert act.sb is not None
             assert self.sbcg is not None
-            slot = act.slot.dirs[0]  # (a slot's name is never reused while its sandbox, and spawner, lives)
-            if spawner.knows(slot):  # it keeps the slot's files: nothing to open or pass
-                return spawner.spawn(argv, env, fds, slot=slot, **where)
-            joins = self.sbcg.request_joins(act.sb.cg, act.slot)
-        elif act.cg is not None:
+            sbcg, cg, slot = self.sbcg, act.sb.cg, act.slot
+            # (a slot's name is never reused while its sandbox, and spawner, lives)
+            return spawner.spawn_joining(argv, env, fds, lambda: sbcg.request_joins(cg, slot),
+                                         slot=slot.dirs[0], **where)
+        if act.cg is not None:
             assert self.cgroups is not None
-            joins = [join_file(self.cgroups.h, act.cg)]
-        else:
-            return spawner.spawn(argv, env, fds, **where)
-        opened: list[int] = []
-        try:
-            for path in joins:
-                opened.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
-            return spawner.spawn(argv, env, (*fds, *opened), slot=slot, **where)
-        finally:
-            for fd in opened:
-                os.close(fd)
+            h, own = self.cgroups.h, act.cg
+            return spawner.spawn_joining(argv, env, fds, lambda: [join_file(h, own)], **where)
+        return spawner.spawn(argv, env, fds, **where)
 
     async def _run_here(self, req: RunRequest, act: _Action, argv: list[str], env: dict[str, str], cwd: str,
                         t0: float) -> RunResult:

@@ -29,6 +29,7 @@ import select
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +140,21 @@ class Spawner:
             self._keep(slot)
         return job
 
+    def spawn_joining(self, argv: list[str], env: dict[str, str], stdio: tuple[int, ...],
+                      joins: Callable[[], list[str]], slot: str | None = None, **where: Any) -> Job:
+        """``spawn`` into the cgroups whose join files ``joins()`` names: opened here (the agent's
+        credentials), passed, closed again; not even named when the spawner keeps them for ``slot``."""
+        if slot is not None and self.knows(slot):
+            return self.spawn(argv, env, stdio, slot=slot, **where)
+        opened: list[int] = []
+        try:
+            for path in joins():
+                opened.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
+            return self.spawn(argv, env, (*stdio, *opened), slot=slot, **where)
+        finally:
+            for fd in opened:
+                os.close(fd)
+
     def knows(self, slot: str) -> bool:
         """Whether the spawner keeps the join files of ``slot`` (then a spawn there sends only the stdio)."""
         if slot not in self._kept:
@@ -148,17 +164,19 @@ class Spawner:
 
     def forget(self, slot: str) -> None:
         """The slot is gone (its cgroup removed): the spawner closes what it keeps for it."""
-        if self._kept.pop(slot, False) is None and self.alive:
-            with contextlib.suppress(ExecutorError):  # lost: nothing is kept any more
-                self._send(json.dumps({"op": "forget", "slot": slot}).encode(), ())
+        if self._kept.pop(slot, False) is None:
+            self._tell_forget(slot)
 
     def _keep(self, slot: str) -> None:
         self._kept[slot] = None
         self._kept.move_to_end(slot)
         while len(self._kept) > SLOTS_KEPT:
-            old, _ = self._kept.popitem(last=False)
+            self._tell_forget(self._kept.popitem(last=False)[0])
+
+    def _tell_forget(self, slot: str) -> None:
+        if self.alive:
             with contextlib.suppress(ExecutorError):  # lost: nothing is kept any more
-                self._send(json.dumps({"op": "forget", "slot": old}).encode(), ())
+                self._send(json.dumps({"op": "forget", "slot": slot}).encode(), ())
 
     def kill(self, job: Job) -> None:
         """SIGKILL the job's main process (the spawner is its parent: no pid reuse race)."""
