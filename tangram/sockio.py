@@ -32,7 +32,7 @@ from zmq.backend import Socket as _Backend
 
 log = logging.getLogger("tangram.sockio")
 
-__all__ = ["SocketReader", "recv_frames", "send_frames", "shadow"]
+__all__ = ["SocketReader", "events_socket", "recv_frames", "send_frames", "shadow"]
 
 _send, _recv, _get = _Backend.send, _Backend.recv, _Backend.get
 _NOBLOCK, _SNDMORE, _RCVMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.RCVMORE)
@@ -54,6 +54,13 @@ def recv_frames(sync: Any, flags: int = _NOBLOCK, copy: bool = True) -> list[Any
     while _get(sync, _RCVMORE):
         parts.append(_recv(sync, flags, copy))
     return parts
+
+
+def events_socket(sync: Any) -> zmq.Socket | None:
+    """The socket whose `ZMQ_EVENTS` says whether a message waits on `sync`: itself, or a wrapper's own
+    `sync` (the controller's submit ROUTER); None when there is none."""
+    inner = sync if isinstance(sync, zmq.Socket) else getattr(sync, "sync", None)
+    return inner if isinstance(inner, zmq.Socket) else None
 
 
 def shadow(sock: Any) -> zmq.Socket:
@@ -92,13 +99,21 @@ class SocketReader:
         self._poked = False
         self._closed = False
         self._fd = self.sync.FD
-        # The socket whose ZMQ_EVENTS says whether a message waits (a wrapper's own `sync`): asked before
-        # each receive, so a drain ends without the `zmq.Again` that a receive raises (an exception
-        # object built in Python: several microseconds, once per drain).
-        inner = self.sync if isinstance(self.sync, zmq.Socket) else getattr(self.sync, "sync", None)
-        self._events = inner if isinstance(inner, zmq.Socket) else None
+        # Asked before each receive, so a drain ends without the `zmq.Again` that a receive raises (an
+        # exception object built in Python: several microseconds, once per drain).
+        self._events = events_socket(self.sync)
         self.loop.add_reader(self._fd, self.poke)
         self.poke()  # messages that arrived before the reader existed raise no new edge
+
+    def unread(self) -> bool:
+        """Whether a message waits, not read yet; if so, it is read on the next loop iteration. Asking
+        `ZMQ_EVENTS` takes the edge of the descriptor (see the module doc), and one more message on a
+        peer's queue that already holds some raises none: without the poke, what waits would stay
+        unread until another peer's first message or a send. False for a socket with no `EVENTS`."""
+        waiting = self._events is not None and bool(_get(self._events, _EVENTS) & _POLLIN)
+        if waiting:
+            self.poke()
+        return waiting
 
     def poke(self) -> None:
         """Check the socket on the next loop iteration (at most one check pending)."""
