@@ -91,11 +91,34 @@ async def wait(flights: Flights, action: str, after: str, stop: asyncio.Future[N
     limit_s = GIVE_BACK_S if give_back else None
     t0 = time.monotonic()
     gone = flights.gone(after)
-    if gone is not None and not gone.done():
-        await asyncio.wait((gone, stop), timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
+    if gone is not None and not gone.done() and not stop.done():
+        await _first(gone, stop, limit_s)
     waited = time.monotonic() - t0
     verdict = STOP if stop.done() or current() is not session else (
         GIVE_BACK if gone is not None and not gone.done() else GO)
     if verdict != GO:
         flights.dropped(action)
     return verdict, waited
+
+
+async def _first(a: asyncio.Future[None], b: asyncio.Future[None], timeout: float | None) -> None:
+    """Until ``a`` or ``b`` is done, or ``timeout`` seconds passed: ``asyncio.wait(...,
+    FIRST_COMPLETED)`` with one future and one timer, not its sets, checks and task wrapping
+    (this runs for most actions under load: every staged start)."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def wake(_f: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    a.add_done_callback(wake)
+    b.add_done_callback(wake)
+    timer = None if timeout is None else loop.call_later(timeout, wake)
+    try:
+        await waiter
+    finally:
+        a.remove_done_callback(wake)
+        b.remove_done_callback(wake)
+        if timer is not None:
+            timer.cancel()

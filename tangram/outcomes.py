@@ -49,6 +49,7 @@ _CHECKS: dict[str, Callable[[object], bool]] = {  # by the field's annotation
 class _Outcome:
     _kinds: ClassVar[dict[str, str]]
     _lists: ClassVar[tuple[str, ...]]  # the fields that travel as lists
+    _reads: ClassVar[tuple[tuple[str, str, Callable[[object], bool], Callable[[Any], Any] | None], ...]]
 
     def to_body(self, **extra: Any) -> dict[str, Any]:
         """The `Result.body` map for this outcome (tuples become lists), with the fields named
@@ -69,25 +70,28 @@ class _Outcome:
     def from_body(cls, body: Mapping[str, Any]) -> Any:
         """The outcome in a `Result.body`; missing keys take defaults, unknown keys are ignored."""
         values: dict[str, Any] = {}
-        for name, kind in cls._kinds.items():
-            if name not in body or body[name] is None:
+        get = body.get
+        for name, kind, check, convert in cls._reads:
+            v = get(name)
+            if v is None:
                 continue
-            v = body[name]
-            if not _CHECKS[kind](v):
+            if not check(v):
                 raise ProtocolError(
                     ProtocolErrorKind.SCHEMA,
                     f"{cls.__name__}.{name}: expected {kind}, got {type(v).__name__}",
                 )
-            if kind == "float":
-                v = float(v)
-            elif kind == "tuple[int, ...]":
-                v = tuple(v)
-            values[name] = v
+            values[name] = v if convert is None else convert(v)
         return cls(**values)
+
+
+_CONVERT: dict[str, Callable[[Any], Any]] = {"float": float, "tuple[int, ...]": tuple}  # (ints for floats)
 
 
 def _kinds(cls: type) -> type:
     cls._kinds = {f.name: str(f.type) for f in dataclasses.fields(cls)}  # type: ignore[attr-defined]
+    cls._reads = tuple(  # type: ignore[attr-defined]  # what from_body does per field, looked up once
+        (n, k, _CHECKS[k], _CONVERT.get(k)) for n, k in cls._kinds.items()  # type: ignore[attr-defined]
+    )
     cls._lists = tuple(n for n, k in cls._kinds.items() if k.startswith("tuple"))  # type: ignore[attr-defined]
     return cls
 

@@ -305,8 +305,7 @@ def encode(msg: Message, request_id: int, blobs: Sequence[bytes] = (), token: by
         raise TypeError(f"{cls.__name__} is not a registered message type")
     if isinstance(request_id, bool) or not isinstance(request_id, int) or not 0 <= request_id <= INT64_MAX:
         raise schema_error("request_id", f"{show_value(request_id)} is not an int in [0, 2**63)")
-    values = {name: getattr(msg, name) for name in cls._checkers}
-    normal = _validate(cls, values, _always)
+    normal = _validate(cls, msg.__dict__, _always)  # (a frozen dataclass's __dict__ is its fields)
     problem = msg._problem()  # the cross-field rules decode applies (the fields were checked above)
     if problem is not None:
         raise schema_error(cls.__name__, problem)
@@ -314,7 +313,7 @@ def encode(msg: Message, request_id: int, blobs: Sequence[bytes] = (), token: by
         raise schema_error("token", f"a session token is {TOKEN_BYTES} bytes, got {len(token)}")
     body = msgpack.packb(normal, use_bin_type=True)
     rid = _HEADER.pack(request_id) + bytes(token) if token else _HEADER.pack(request_id)
-    frames = [TAG, bytes((cls.TYPE,)), rid, body, *(bytes(b) for b in blobs)]
+    frames = [TAG, bytes((cls.TYPE,)), rid, body, *map(bytes, blobs)]
     _check_sizes(cls, frames)
     return frames
 
@@ -342,8 +341,8 @@ def encode_trusted(msg: Message, request_id: int, blobs: Sequence[bytes] = ()) -
     skipped, sizes are still checked. `tests/protocol` checks that what it emits decodes to
     the same message as `encode`'s frames."""
     cls = type(msg)
-    body = msgpack.packb({name: getattr(msg, name) for name in cls._checkers}, use_bin_type=True)
-    frames = [TAG, bytes((cls.TYPE,)), _HEADER.pack(request_id), body, *(bytes(b) for b in blobs)]
+    body = msgpack.packb(msg.__dict__, use_bin_type=True)  # a frozen dataclass: its fields, in order
+    frames = [TAG, bytes((cls.TYPE,)), _HEADER.pack(request_id), body, *map(bytes, blobs)]
     _check_sizes(cls, frames)
     return frames
 
@@ -355,7 +354,7 @@ def _always(name: str) -> bool:
 def _check_sizes(cls: type[Message], frames: Sequence[bytes]) -> None:
     if len(frames[3]) > MAX_BODY_BYTES:
         raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"{cls.__name__} body over {MAX_BODY_BYTES} bytes")
-    if (size := sum(len(f) for f in frames)) > MAX_MESSAGE_BYTES:
+    if (size := sum(map(len, frames))) > MAX_MESSAGE_BYTES:
         raise ProtocolError(
             ProtocolErrorKind.TOO_LARGE,
             f"{cls.__name__} of {size} bytes is over the limit of {MAX_MESSAGE_BYTES} bytes "
@@ -424,7 +423,7 @@ def _unpack(cls: type[Message], body: bytes) -> dict[str, object]:
 def decode(frames: Sequence[bytes]) -> Envelope:
     """The message in `frames` (identity frames already removed). Raises only ProtocolError."""
     parts = _frames(frames)
-    if sum(len(p) for p in parts) > MAX_MESSAGE_BYTES:
+    if sum(map(len, parts)) > MAX_MESSAGE_BYTES:
         raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"message over {MAX_MESSAGE_BYTES} bytes")
     cls, request_id, token, resend = _header(parts)
     _check_sizes(cls, parts)
@@ -520,7 +519,7 @@ def decode_all(frames: Sequence[bytes]) -> list[Envelope | BadItem]:
     if len(frames) != 5:
         raise schema_error("frames", f"a batch has 5 frames, got {len(frames)}")
     parts = _frames(frames[:4]) + [bytes(frames[4])]
-    if sum(len(p) for p in parts) > MAX_MESSAGE_BYTES:
+    if sum(map(len, parts)) > MAX_MESSAGE_BYTES:
         raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"batch over {MAX_MESSAGE_BYTES} bytes")
     if len(parts[3]) > BATCH_BODY_BYTES:
         raise ProtocolError(ProtocolErrorKind.TOO_LARGE, f"batch body over {BATCH_BODY_BYTES} bytes")

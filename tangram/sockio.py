@@ -35,7 +35,7 @@ log = logging.getLogger("tangram.sockio")
 __all__ = ["SocketReader", "events_socket", "recv_frames", "send_frames", "shadow"]
 
 _send, _recv, _get = _Backend.send, _Backend.recv, _Backend.get
-_NOBLOCK, _SNDMORE, _RCVMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.RCVMORE)
+_NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
@@ -49,11 +49,22 @@ def send_frames(sync: Any, frames: list[Any], flags: int = _NOBLOCK) -> None:
 
 
 def recv_frames(sync: Any, flags: int = _NOBLOCK, copy: bool = True) -> list[Any]:
-    """`sync.recv_multipart(flags, copy=copy)` for a synchronous socket (all parts of one message)."""
-    parts = [_recv(sync, flags, copy)]
-    while _get(sync, _RCVMORE):
-        parts.append(_recv(sync, flags, copy))
-    return parts
+    """`sync.recv_multipart(flags, copy=copy)` for a synchronous socket (all parts of one message).
+    Each part is received as a `zmq.Frame`, whose `more` says whether another follows: asking the
+    socket (`RCVMORE`) instead costs an option lookup through an enum per part, about twice the
+    time of the receive itself."""
+    frame = _recv(sync, flags, False)
+    if not copy:
+        parts = [frame]
+        while frame.more:
+            frame = _recv(sync, flags, False)
+            parts.append(frame)
+        return parts
+    out = [frame.bytes]
+    while frame.more:
+        frame = _recv(sync, flags, False)
+        out.append(frame.bytes)
+    return out
 
 
 def events_socket(sync: Any) -> zmq.Socket | None:

@@ -339,13 +339,14 @@ class AsyncClient:
                 raise MessageTooLarge(str(exc), hint=exc.hint) from None
             raise BadRequest(str(exc)) from None
         wait = None if timeout is None else timeout + GRACE_S
+        # (no shield: `pending.final` is this request's alone; the transport checks `done()` first)
         try:
             if wait is None:
-                return await asyncio.shield(pending.final)
+                return await pending.final
             if _timeout is not None:  # 3.11+: one timer handle, no extra task
                 async with _timeout(wait):
-                    return await asyncio.shield(pending.final)
-            return await asyncio.wait_for(asyncio.shield(pending.final), wait)
+                    return await pending.final
+            return await asyncio.wait_for(pending.final, wait)
         except ActionTimeout:  # the controller's answer (a TimeoutError too): keep its message and output
             raise
         except (TimeoutError, asyncio.TimeoutError):  # noqa: UP041 - distinct classes on 3.10

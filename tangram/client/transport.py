@@ -1,8 +1,8 @@
 """The client's DEALER transport: one asyncio task owns the socket.
 
 - `request(msg, blobs)` sends a request with a fresh request id and returns a `Pending` whose
-  `accepted` future resolves on `Accepted` and whose `final` future resolves with the `Result`
-  envelope or fails with the typed error of the `Error` reply.
+  `final` future resolves with the `Result` envelope or fails with the typed error of the `Error`
+  reply (`accepted` says whether an `Accepted` came first: a flag, since nobody waits for it).
 - Sends go straight to libzmq (non-blocking, through the socket's synchronous shadow); frames
   it cannot take yet wait in order. Receives come from one loop reader on the socket's
   descriptor that drains every ready reply per wake-up: no future per message.
@@ -64,8 +64,8 @@ class Pending:
     request_id: int
     frames: list[bytes]
     idempotent: bool
-    accepted: asyncio.Future[None]
     final: asyncio.Future[protocol.Envelope]
+    accepted: bool = False
     sent_at: float = field(default_factory=time.monotonic)
 
 
@@ -175,10 +175,9 @@ class Transport:
             return
         self._closed = True
         for p in list(self._pending.values()):
-            for fut in (p.accepted, p.final):
-                if not fut.done():
-                    fut.set_exception(ControllerUnreachable("the client was closed"))
-                    fut.exception()
+            if not p.final.done():
+                p.final.set_exception(ControllerUnreachable("the client was closed"))
+                p.final.exception()
         self._pending.clear()
         if self._task is not None:  # `_watch` waits in wait_for, which can drop a cancel (aiotasks.py)
             await cancel_tasks([self._task])
@@ -217,8 +216,7 @@ class Transport:
         rid = self._next_rid() if request_id is None else request_id
         frames = protocol.encode(msg, rid, blobs, token=self.token)
         loop = asyncio.get_running_loop()
-        pending = Pending(rid, frames, idempotent, loop.create_future(), loop.create_future())
-        pending.accepted.add_done_callback(_retrieve)
+        pending = Pending(rid, frames, idempotent, loop.create_future())
         self._pending[rid] = pending
         if self._batches:
             self._batch.append(frames)  # with the others of this loop iteration (`_send_batch`)
@@ -335,9 +333,8 @@ class Transport:
         self.refused = refused
         log.error("%s (to fix: %s)", refused.message, refused.hint)
         for p in list(self._pending.values()):
-            for fut in (p.accepted, p.final):
-                if not fut.done():
-                    fut.set_exception(refused)
+            if not p.final.done():
+                p.final.set_exception(refused)
         self._pending.clear()
 
     def _tick(self) -> None:
@@ -403,13 +400,10 @@ class Transport:
             if isinstance(msg, (protocol.Result, protocol.Error)) and env.request_id != self._hello_rid:
                 self.stray_replies += 1  # a second final, or one for a request given up on
             return
+        pending.accepted = True
         if isinstance(msg, protocol.Accepted):
-            if not pending.accepted.done():
-                pending.accepted.set_result(None)
             return
         self._pending.pop(env.request_id, None)
-        if not pending.accepted.done():
-            pending.accepted.set_result(None)
         if pending.final.done():
             return
         if isinstance(msg, protocol.Error):
@@ -465,8 +459,8 @@ class Transport:
                 self._pending.pop(rid, None)
                 if not p.final.done():
                     p.final.set_exception(
-                        NodeLost("the controller restarted without its state; the request's outcome is unknown "
-                                 "and it was not resent")
+                        NodeLost("the controller restarted without its state; the request's outcome is "
+                                 "unknown and it was not resent")
                     )
                 continue
             self.resent += 1
@@ -475,7 +469,3 @@ class Transport:
             # controller does not send it again (a copy would only be a stray reply here).
             self._send(protocol.as_resend(p.frames) if self._flag_resends and self.token else p.frames)
 
-
-def _retrieve(fut: asyncio.Future[None]) -> None:
-    if not fut.cancelled():
-        fut.exception()

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +49,7 @@ from tangram_cli.controller.recovery import Recovery
 from tangram_cli.controller.sessions import load_secret
 from tangram_cli.controller.state import Registry, check_bind, make_router
 from tangram_cli.controller.statusd import StatusServer, build_records
+from tangram_cli.controller.wire import Batcher
 
 log = logging.getLogger("tangram.controller")
 
@@ -251,12 +251,10 @@ class Controller:
         return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
     # ------------------------------------------------------------ dispatch (driver task only)
-    @contextlib.contextmanager
-    def _holding(self) -> Iterator[None]:
+    def _holding(self) -> _Holding:
         """Around each driver batch: the finals it gives each client and what it sends each agent
         go as one message per peer at the end (`wire.Batcher`); the agents' first."""
-        with self.gateway.batcher.holding(), self.agents.batcher.holding():
-            yield
+        return _Holding(self.gateway.batcher, self.agents.batcher)
 
     def dispatch(self, event: ev.Event, commands: list[cmd.Command]) -> None:
         self.recovery.record(event, commands)  # durable before anything is sent
@@ -265,19 +263,21 @@ class Controller:
         now = self.clock.now()
         if self.metrics is not None:  # before the gateway answers and forgets the actions
             self.metrics.on_commands(commands, now)
-        for c in commands:
-            if isinstance(c, cmd.CreateSandbox):
-                self.agents.create_sandbox(c)
-                self.pools.on_create(c)
-            elif isinstance(c, cmd.DestroySandbox):
-                self.agents.destroy_sandbox(c)
-            elif isinstance(c, cmd.Spawn):
+        for c in commands:  # (the two of every exec first)
+            if isinstance(c, cmd.Spawn):
                 rec = self.registry.actions.get(c.action_id)
                 if rec is None:
                     continue
                 rec.started, rec.node, rec.cores, rec.dop = now, c.node, tuple(c.cores), c.dop
                 self.registry.record_wait(now - rec.submitted)
                 self.agents.spawn(c, rec)
+            elif isinstance(c, cmd.Done):
+                dones.append(c)
+            elif isinstance(c, cmd.CreateSandbox):
+                self.agents.create_sandbox(c)
+                self.pools.on_create(c)
+            elif isinstance(c, cmd.DestroySandbox):
+                self.agents.destroy_sandbox(c)
             elif isinstance(c, cmd.Reserve):
                 self.gateway.on_reserve(c)
             elif isinstance(c, cmd.Evict):
@@ -303,8 +303,6 @@ class Controller:
                     self.agents.kill(c)
             elif isinstance(c, cmd.Reject):
                 self.gateway.on_reject(c)
-            elif isinstance(c, cmd.Done):
-                dones.append(c)
         for d in dones:
             self.gateway.on_done(d)
 
@@ -493,3 +491,23 @@ async def serve(
 def run_controller(config: ControllerConfig, options: Options) -> int:
     logfmt.configure("controller", fmt=options.log_format, level=logfmt.env_level("INFO"))
     return asyncio.run(serve(config, options, own_process=True))
+
+
+class _Holding:
+    """``with a, b:`` for two `wire.Batcher`s, as one object (``Controller._holding``): ``b``
+    releases first, then ``a``, also when the batch raised."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Batcher, b: Batcher) -> None:
+        self.a, self.b = a, b
+
+    def __enter__(self) -> None:
+        self.a.__enter__()
+        self.b.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.b.__exit__(*exc)
+        finally:
+            self.a.__exit__(*exc)

@@ -11,9 +11,8 @@ the descriptor, so `send_now` pokes the socket's reader.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -99,15 +98,18 @@ class Batcher:
             return True
         return send_now(self.sock, [ident, *frames])
 
-    @contextlib.contextmanager
-    def holding(self) -> Iterator[None]:
+    def holding(self) -> Batcher:
+        """`with batcher.holding():` hold what is sent until the outermost one ends (the batcher is
+        its own context manager: no generator per driver batch)."""
+        return self
+
+    def __enter__(self) -> None:
         self.depth += 1
-        try:
-            yield
-        finally:
-            self.depth -= 1
-            if not self.depth and self.held:
-                self.release()
+
+    def __exit__(self, *exc: object) -> None:
+        self.depth -= 1
+        if not self.depth and self.held:
+            self.release()
 
     def release(self) -> None:
         held, self.held = self.held, {}
