@@ -272,7 +272,21 @@ async def _throughput(cluster: _Cluster, n: int, clients: int) -> dict[str, Any]
             a is not None and b is not None
         ):  # the bench process holds the clients (and the controller if inprocess)
             out[f"{name}_cpu_ms_per_action"] = (b - a) * 1e3 / max(1, sum(done))
+    out.update(_own_cpu(out))
     return out
+
+
+def _own_cpu(out: dict[str, Any]) -> dict[str, float]:
+    """Tangram's CPU per action (controller, agent, spawners and the bench process's clients;
+    separate layout only) and its ratio to the no-op's own CPU (an exec of ``sh -c true``): both
+    move with this VM's speed, which swings by up to 40% within an hour, so the ratio compares runs
+    of different hours where the throughput cannot."""
+    parts = [out.get(f"{n}_cpu_ms_per_action") for n in ("controller", "agent", "spawners", "bench_process")]
+    own = out.get("actions_cpu_ms_per_action")
+    if any(v is None for v in parts) or not own:
+        return {}
+    total = sum(v for v in parts if v is not None)
+    return {"tangram_cpu_ms_per_action": total, "tangram_cpu_per_action_cpu": total / own}
 
 
 def _share(busy: float, total: float) -> float | None:
@@ -372,6 +386,8 @@ _FIGURES = (
     ("CPU / action: bench process", ("bench_process_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
     ("CPU / action: spawners", ("spawners_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
     ("CPU / action: the actions", ("actions_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
+    ("CPU / action: Tangram in all", ("tangram_cpu_ms_per_action",), "{:.2f}", " ms", None, ""),
+    ("Tangram's CPU / the action's", ("tangram_cpu_per_action_cpu",), "{:.2f}", "x", None, ""),
     ("machine busy (all cores)", ("machine_busy_share",), "{:.0%}", "", None, ""),
 )
 

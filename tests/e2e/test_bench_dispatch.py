@@ -37,6 +37,14 @@ def test_bench_dispatch_json_process_executor(layout: str) -> None:
     assert share is None or 0 <= share <= 1
     assert row["spawners_cpu_ms_per_action"] >= 0
     assert row["actions_cpu_ms_per_action"] >= 0
+    # Tangram's own CPU per action (all its processes) and its ratio to the no-op's: separate only
+    if layout == "separate" and row["actions_cpu_ms_per_action"] > 0:
+        parts = ("controller", "agent", "spawners", "bench_process")
+        total = sum(row[f"{n}_cpu_ms_per_action"] for n in parts)
+        assert row["tangram_cpu_ms_per_action"] == pytest.approx(total)
+        assert row["tangram_cpu_per_action_cpu"] == pytest.approx(total / row["actions_cpu_ms_per_action"])
+    else:
+        assert "tangram_cpu_per_action_cpu" not in row
 
 
 @pytest.mark.parametrize("layout", ["separate", "inprocess"])
