@@ -58,6 +58,20 @@ log = logging.getLogger("tangram.client")
 # clients' pipes in turn, so smaller batches keep many clients' turns short
 SEND_BATCH = 64
 
+_CONTEXT: tuple[int, zmq.asyncio.Context] | None = None
+
+
+def shared_context() -> zmq.asyncio.Context:
+    """The ZeroMQ context of every client transport of this process (made in its first one, again
+    after a fork): one I/O thread serves them all. A context per transport gave each client its own
+    I/O thread, so a rollout process with many clients woke one thread per client for the replies of
+    one controller batch. Transports close their sockets and leave the context up."""
+    global _CONTEXT
+    pid = os.getpid()
+    if _CONTEXT is None or _CONTEXT[0] != pid or _CONTEXT[1].closed:
+        _CONTEXT = (pid, zmq.asyncio.Context())
+    return _CONTEXT[1]
+
 
 @dataclass
 class Pending:
@@ -89,7 +103,6 @@ class Transport:
         self.identity = secrets.token_bytes(16)
         self.epoch: int | None = None
         self.max_outstanding = 0  # the controller's per-client cap (Welcome); 0: not said
-        self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._out: collections.deque[list[bytes]] = collections.deque()  # frames libzmq could not take yet
         self._sync: zmq.Socket | None = None  # the socket's synchronous shadow: sends and receives
@@ -122,8 +135,7 @@ class Transport:
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        self._ctx = zmq.asyncio.Context()
-        sock = self._ctx.socket(zmq.DEALER)
+        sock = shared_context().socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.identity)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
@@ -191,8 +203,6 @@ class Transport:
                     self._sock.disable_monitor()
                 self._monitor.close(0)
             self._sock.close(0)
-        if self._ctx is not None:
-            self._ctx.term()
 
     # ------------------------------------------------------------ requests
     def _next_rid(self) -> int:
