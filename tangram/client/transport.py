@@ -58,19 +58,20 @@ log = logging.getLogger("tangram.client")
 # clients' pipes in turn, so smaller batches keep many clients' turns short
 SEND_BATCH = 64
 
-_CONTEXT: tuple[int, zmq.asyncio.Context] | None = None
+_CONTEXTS: dict[int, zmq.asyncio.Context] = {}  # by pid: one made in a forked child is its own
 
 
 def shared_context() -> zmq.asyncio.Context:
-    """The ZeroMQ context of every client transport of this process (made in its first one, again
-    after a fork): one I/O thread serves them all. A context per transport gave each client its own
-    I/O thread, so a rollout process with many clients woke one thread per client for the replies of
-    one controller batch. Transports close their sockets and leave the context up."""
-    global _CONTEXT
+    """The ZeroMQ context of every client transport of this process (made by its first one, and
+    again in a forked child, where the parent's, kept unused, has no I/O thread): one I/O thread
+    serves them all. A context per transport gave each client its own I/O thread, so a rollout
+    process with many clients woke one thread per client for the replies of one controller batch.
+    Transports close their sockets and leave the context up."""
     pid = os.getpid()
-    if _CONTEXT is None or _CONTEXT[0] != pid or _CONTEXT[1].closed:
-        _CONTEXT = (pid, zmq.asyncio.Context())
-    return _CONTEXT[1]
+    ctx = _CONTEXTS.get(pid)
+    if ctx is None or ctx.closed:
+        ctx = _CONTEXTS[pid] = zmq.asyncio.Context()
+    return ctx
 
 
 @dataclass
