@@ -422,11 +422,10 @@ class DockerExecutor:
         """Container cpuset := union of active grants, or the idle set when none."""
         cores = sorted({c for g in sb.active.values() for c in g}) or list(self.idle)
         cpus = format_cpuset(cores)
-        if sb.cg is not None:
+        if sb.slots is not None:  # (the fast path)
             try:
-                back = fastpath.write_cpuset(sb.cg.cpuset, cpus)
-                if parse_cpuset(back) == tuple(cores):
-                    return
+                sb.slots.set_cpus(cpus)
+                return
             except OSError:
                 pass
         # The SDK drops falsy fields, so always send the full set.

@@ -144,10 +144,34 @@ def _read(path: str) -> str:
     return b"".join(chunks).decode().strip()
 
 
-def write_cpuset(cg_dir: str, cpus: str) -> str:
-    """Write ``cpuset.cpus`` and return what the kernel reports back."""
-    _write(os.path.join(cg_dir, "cpuset.cpus"), cpus)
-    return _read(os.path.join(cg_dir, "cpuset.cpus"))
+class CgroupFile:
+    """One cgroup control file kept open for writing (a ``cpuset.cpus``, written twice per action): a
+    write costs one system call instead of open, write and close with a walk of the path. A failed
+    write reopens the file and tries once more (its cgroup may have been removed and made again:
+    ENODEV), then raises. ``close`` when the cgroup goes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd: int | None = None
+
+    def write(self, text: str) -> None:
+        data = text.encode()
+        for last in (False, True):
+            if self.fd is None:
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(self.fd, data)
+                return
+            except OSError:
+                self.close()
+                if last:
+                    raise
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def read_cpuset(cg_dir: str) -> str:
@@ -164,17 +188,32 @@ class SlotPool:
     cg: ContainerCgroups
     free: list[str] = field(default_factory=list)
     names: set[str] = field(default_factory=set)
+    files: dict[str, CgroupFile] = field(default_factory=dict)  # each slot's cpuset.cpus (v1), kept open
+    container: CgroupFile | None = None  # the container's own cpuset.cpus, kept open
+
+    def set_cpus(self, cpus: str) -> None:
+        """The container's ``cpuset.cpus`` := ``cpus``; OSError when the kernel refuses it. (The write's
+        success is the answer: v1 reads back what it took, v2 what was asked for, not what is in effect.)"""
+        if self.container is None:
+            self.container = CgroupFile(os.path.join(self.cg.cpuset, "cpuset.cpus"))
+        self.container.write(cpus)
 
     def take(self, cpus: str) -> str:
         """A slot with exactly ``cpus`` (v1). Returns its directory."""
         sub = self.free.pop() if self.free else self._new()
         try:
             if not self.cg.v2:
-                _write(os.path.join(sub, "cpuset.cpus"), cpus)
+                self._file(sub).write(cpus)
         except OSError:
             self.give_back(sub)
             raise
         return sub
+
+    def _file(self, sub: str) -> CgroupFile:
+        f = self.files.get(sub)
+        if f is None:
+            f = self.files[sub] = CgroupFile(os.path.join(sub, "cpuset.cpus"))
+        return f
 
     def _new(self) -> str:
         n = 0
@@ -195,20 +234,31 @@ class SlotPool:
         busy): then it is dropped from the pool and the caller removes it with ``remove_cgroup``."""
         try:
             if not self.cg.v2:
-                _write(os.path.join(sub, "cpuset.cpus"), "\n")  # empty (a 0-byte write would not reach it)
+                self._file(sub).write("\n")  # empty (a 0-byte write would not reach it)
         except OSError:
             self.names.discard(os.path.basename(sub))
+            self._close(sub)
             return False
         self.free.append(sub)
         return True
 
+    def _close(self, sub: str) -> None:
+        f = self.files.pop(sub, None)
+        if f is not None:
+            f.close()
+
     def remove_all(self) -> None:
-        """Remove the free slots (before the container goes; runc would remove them too)."""
+        """Remove the free slots (before the container goes; runc would remove them too) and close the
+        files kept open."""
         for sub in self.free:
+            self._close(sub)
             with contextlib.suppress(OSError):
                 os.rmdir(sub)
             self.names.discard(os.path.basename(sub))
         self.free.clear()
+        for f in [*self.files.values(), *([self.container] if self.container is not None else [])]:
+            f.close()
+        self.files.clear()
 
 
 def procs_file(cg_dir: str) -> str:
