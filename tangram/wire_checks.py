@@ -229,12 +229,26 @@ def _json_fast(value: object, depth: int) -> object:
         return value
     if depth >= MAX_DEPTH:
         raise schema_error("", "too deep")
-    if kind is dict:
+    if kind is dict:  # (a result body: a flat map of scalars, checked here without a call per value)
         out = {}
         for k, v in value.items():  # type: ignore[attr-defined]
             if type(k) is not str or len(k) > MAX_KEY or "\x00" in k:
                 raise schema_error("", "bad key")
-            out[k] = _json_fast(v, depth + 1)
+            t = type(v)
+            if t is float:
+                if not math.isfinite(v):
+                    raise schema_error("", "not finite")
+                out[k] = v
+            elif t is int:
+                if not INT64_MIN <= v <= INT64_MAX:
+                    raise schema_error("", "out of range")
+                out[k] = v
+            elif t is str and len(v) <= MAX_TEXT and "\x00" not in v:
+                out[k] = v
+            elif v is None or v is True or v is False:
+                out[k] = v
+            else:
+                out[k] = _json_fast(v, depth + 1)
         return out
     if kind is list or kind is tuple:
         return [_json_fast(v, depth + 1) for v in value]  # type: ignore[attr-defined]
