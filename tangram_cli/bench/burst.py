@@ -119,6 +119,8 @@ class FinalCounter:
             self.unknown += 1
             return
         self.finals[rid] += 1
+        if rid not in self._resent:  # only a resent request can be replayed: it was pending when it was
+            return  # resent, so even its first final came later; the others need no digest (it is costly)
         digest = hashlib.blake2b(repr((env.type, env.msg, env.blobs)).encode(), digest_size=16).digest()
         first = self._first.setdefault(rid, digest)
         if self.finals[rid] > 1 and rid in self._resent and digest == first:

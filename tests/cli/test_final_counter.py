@@ -58,3 +58,4 @@ def test_a_replay_after_a_resend_is_not_a_duplicate_but_a_second_answer_is() -> 
     assert c.finals[a] == 2 and c.replays == {a: 1} and c.duplicates(a) == 0
     assert c.duplicates(b) == 1 and c.duplicates(e) == 1 and c.duplicates(d) == 0
     assert c.summary()["replayed_after_resend"] == 1
+    assert a in c._first and e not in c._first  # only a resent request's finals are digested (cost)
