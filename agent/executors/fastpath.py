@@ -188,32 +188,35 @@ class SlotPool:
     cg: ContainerCgroups
     free: list[str] = field(default_factory=list)
     names: set[str] = field(default_factory=set)
-    files: dict[str, CgroupFile] = field(default_factory=dict)  # each slot's cpuset.cpus (v1), kept open
-    container: CgroupFile | None = None  # the container's own cpuset.cpus, kept open
+    files: dict[str, CgroupFile] = field(default_factory=dict)  # cgroup dir -> its cpuset.cpus, kept open
+    closed: bool = False  # remove_all ran: writes no longer keep files open
 
     def set_cpus(self, cpus: str) -> None:
         """The container's ``cpuset.cpus`` := ``cpus``; OSError when the kernel refuses it. (The write's
         success is the answer: v1 reads back what it took, v2 what was asked for, not what is in effect.)"""
-        if self.container is None:
-            self.container = CgroupFile(os.path.join(self.cg.cpuset, "cpuset.cpus"))
-        self.container.write(cpus)
+        self._set(self.cg.cpuset, cpus)
 
     def take(self, cpus: str) -> str:
         """A slot with exactly ``cpus`` (v1). Returns its directory."""
         sub = self.free.pop() if self.free else self._new()
         try:
             if not self.cg.v2:
-                self._file(sub).write(cpus)
+                self._set(sub, cpus)
         except OSError:
             self.give_back(sub)
             raise
         return sub
 
-    def _file(self, sub: str) -> CgroupFile:
-        f = self.files.get(sub)
+    def _set(self, cg_dir: str, cpus: str) -> None:
+        """``cg_dir``'s ``cpuset.cpus`` := ``cpus`` through a file kept open; once the pool is closed, a
+        write that comes late (an action ending after its sandbox's destroy began) keeps nothing open."""
+        if self.closed:
+            _write(os.path.join(cg_dir, "cpuset.cpus"), cpus)
+            return
+        f = self.files.get(cg_dir)
         if f is None:
-            f = self.files[sub] = CgroupFile(os.path.join(sub, "cpuset.cpus"))
-        return f
+            f = self.files[cg_dir] = CgroupFile(os.path.join(cg_dir, "cpuset.cpus"))
+        f.write(cpus)
 
     def _new(self) -> str:
         n = 0
@@ -234,7 +237,7 @@ class SlotPool:
         busy): then it is dropped from the pool and the caller removes it with ``remove_cgroup``."""
         try:
             if not self.cg.v2:
-                self._file(sub).write("\n")  # empty (a 0-byte write would not reach it)
+                self._set(sub, "\n")  # empty (a 0-byte write would not reach it)
         except OSError:
             self.names.discard(os.path.basename(sub))
             self._close(sub)
@@ -249,14 +252,15 @@ class SlotPool:
 
     def remove_all(self) -> None:
         """Remove the free slots (before the container goes; runc would remove them too) and close the
-        files kept open."""
+        files kept open; the pool keeps no file open after this."""
+        self.closed = True
         for sub in self.free:
             self._close(sub)
             with contextlib.suppress(OSError):
                 os.rmdir(sub)
             self.names.discard(os.path.basename(sub))
         self.free.clear()
-        for f in [*self.files.values(), *([self.container] if self.container is not None else [])]:
+        for f in self.files.values():
             f.close()
         self.files.clear()
 

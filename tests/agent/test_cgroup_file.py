@@ -86,7 +86,9 @@ def test_slot_pool_sets_cpusets_through_kept_files_and_closes_them(container: st
     everything = ",".join(map(str, CPUS))
     pool.set_cpus(everything)  # widening back: no free slot stands in the way
     assert list(parse_cpuset(_read(os.path.join(container, "cpuset.cpus")))) == CPUS
-    kept = [f for f in [*pool.files.values(), pool.container] if f is not None]
-    assert kept and all(f.fd is not None for f in kept)
+    kept = list(pool.files.values())
+    assert {container, slot} <= pool.files.keys() and all(f.fd is not None for f in kept)
     pool.remove_all()
     assert not os.path.exists(slot) and not pool.files and all(f.fd is None for f in kept)
+    pool.set_cpus(str(CPUS[-1]))  # an action ending after its sandbox's destroy began: written, kept not
+    assert _read(os.path.join(container, "cpuset.cpus")) == str(CPUS[-1]) and not pool.files
