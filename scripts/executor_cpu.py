@@ -25,17 +25,10 @@ import uuid
 from agent.executors.base import RunRequest, SandboxSpec
 from agent.executors.process import ProcessExecutor
 from tangram.units import parse_cpulist
+from tangram_cli.bench.procs import children_cpu_s, cpu_delta
 
 SANDBOXES = 4
 WARM = 50  # actions per worker before measuring: spawners started, slots made
-
-
-def cpu_of(pid: int) -> tuple[float, float]:
-    """(own, reaped children's) CPU seconds of ``pid``."""
-    with open(f"/proc/{pid}/stat") as f:
-        v = f.read().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return (int(v[11]) + int(v[12])) / tick, (int(v[13]) + int(v[14])) / tick
 
 
 async def measure(n: int, workers: int, cpus: str) -> str:
@@ -55,17 +48,16 @@ async def measure(n: int, workers: int, cpus: str) -> str:
                     raise SystemExit(f"action failed: exit {res.exit_code}: {res.stderr[:200]!r}")
 
         await asyncio.gather(*(worker(i, WARM, "warm") for i in range(workers)))
-        spawners = [sb.spawner.pid for sb in ex._sandboxes.values() if sb.spawner is not None]
         per = n // workers
-        r0, s0 = resource.getrusage(resource.RUSAGE_SELF), [cpu_of(p) for p in spawners]
+        # the spawners are this process's children; the actions, theirs
+        r0, s0 = resource.getrusage(resource.RUSAGE_SELF), children_cpu_s(os.getpid())
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(i, per, "a") for i in range(workers)))
         t1 = time.perf_counter()
-        r1, s1 = resource.getrusage(resource.RUSAGE_SELF), [cpu_of(p) for p in spawners]
+        r1, s1 = resource.getrusage(resource.RUSAGE_SELF), children_cpu_s(os.getpid())
         done = per * workers
         agent = (r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / done * 1e3
-        spawn = sum(b[0] - a[0] for a, b in zip(s0, s1, strict=True)) / done * 1e3
-        acts = sum(b[1] - a[1] for a, b in zip(s0, s1, strict=True)) / done * 1e3
+        spawn, acts = (s / done * 1e3 for s in cpu_delta(s0, s1))
         return (f"{done / (t1 - t0):.0f} actions/s; CPU ms per action: agent side {agent:.3f}, "
                 f"spawners {spawn:.3f}, actions {acts:.3f} ({done} actions, {workers} at a time)")
     finally:
