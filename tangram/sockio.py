@@ -54,17 +54,11 @@ def recv_frames(sync: Any, flags: int = _NOBLOCK, copy: bool = True) -> list[Any
     socket (`RCVMORE`) instead costs an option lookup through an enum per part, about twice the
     time of the receive itself."""
     frame = _recv(sync, flags, False)
-    if not copy:
-        parts = [frame]
-        while frame.more:
-            frame = _recv(sync, flags, False)
-            parts.append(frame)
-        return parts
-    out = [frame.bytes]
+    parts = [frame]
     while frame.more:
         frame = _recv(sync, flags, False)
-        out.append(frame.bytes)
-    return out
+        parts.append(frame)
+    return [f.bytes for f in parts] if copy else parts
 
 
 def events_socket(sync: Any) -> zmq.Socket | None:
