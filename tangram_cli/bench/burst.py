@@ -2,14 +2,17 @@
 
 Layout (each its own process): the controller (`tangram controller`), the agent (the real
 `python -m agent --executor process`, or with `--instant` bench agents that answer every Spawn
-at once, so the run measures the controller alone), `--clients` client processes
+at once, so the run measures the controller alone; it offers 256 cores by default, one node of
+`tangram bench scale`'s cluster: a smaller one bounds the run by its round trips, at most twice its
+cores in flight), `--clients` client processes
 (`python -m tangram_cli.bench.burst`), and this process, which only starts them, samples the
 status socket every 0.5 s and the controller's memory, and adds up the clients' reports.
 
 Each client opens `--sandboxes` sandboxes, runs one warm-up exec in each, waits for the
 common go, then submits its share of `--actions` as concurrent `sb.exec("true")` tasks at
 once. It counts final replies per request id on the wire (each request must get exactly one),
-errors by code, its resends after reconnects and its RetryLater retries.
+errors by code, its resends after reconnects and its RetryLater retries, and its own CPU from the
+go to its last reply (`clients_cpu_s`: the client library and this bench's bookkeeping).
 
 Figures only; the goals (issue 9) are printed next to them with PASS/FAIL, never asserted.
 """
@@ -55,6 +58,7 @@ GOALS = {
     "resent_fraction": 0.01,
     "instant_actions_per_s": 5000,
 }
+INSTANT_CORES = 256  # the instant agent's default: one node of `tangram bench scale`'s cluster
 
 
 class FinalCounter:
@@ -177,8 +181,10 @@ async def _client(addr: str, name: str, actions: int, sandboxes: int, exec_timeo
             nonzero += r.exit_code != 0
 
         out["go"] = time.time()
+        cpu0 = time.process_time()
         await asyncio.gather(*(one(i) for i in range(actions)))
         out["end"] = time.time()
+        out["cpu_s"] = time.process_time() - cpu0
         out.update(
             completed=len(latency),
             failed=dict(errors),
@@ -263,11 +269,30 @@ def _sum_clients(reports: list[dict[str, Any]]) -> dict[str, Any]:
         "actions_per_s": round(completed / wall, 1) if wall > 0 else None,
         "latency_p50_ms": _ms(max((r["latency_p50_s"] or 0) for r in ok) if ok else None),
         "latency_p99_ms": _ms(max((r["latency_p99_s"] or 0) for r in ok) if ok else None),
+        "clients_cpu_s": round(sum(r.get("cpu_s", 0.0) for r in ok), 2),
+    }
+
+
+def _per_action(doc: dict[str, Any]) -> dict[str, Any]:
+    """The controller's and the clients' CPU per completed action (ms)."""
+    n = doc.get("completed") or 0
+    ctl = (doc.get("controller") or {}).get("cpu_s")
+    return {
+        "controller_cpu_ms_per_action": round(ctl * 1e3 / n, 4) if n and ctl is not None else None,
+        "clients_cpu_ms_per_action": round(doc["clients_cpu_s"] * 1e3 / n, 4) if n else None,
     }
 
 
 def _ms(s: float | None) -> float | None:
     return None if s is None else round(s * 1e3, 3)
+
+
+def _agent_cores(instant: bool, agent_cores: int | None) -> int:
+    """The cores the agent offers: `agent_cores`, or the default (`INSTANT_CORES`; this machine's)."""
+    if instant:
+        return agent_cores or INSTANT_CORES
+    ncpu = len(os.sched_getaffinity(0))
+    return min(ncpu, agent_cores or ncpu)
 
 
 def _start_agent(procs: Procs, instant: bool, agent_cores: int | None) -> None:
@@ -276,12 +301,12 @@ def _start_agent(procs: Procs, instant: bool, agent_cores: int | None) -> None:
     ctl = procs.ctl
     if instant:
         procs.bench = start_bench_agents(
-            ctl.agents_addr, ["bench"], 1, agent_cores or 16, "instant", procs.workdir
+            ctl.agents_addr, ["bench"], 1, _agent_cores(True, agent_cores), "instant", procs.workdir
         )
         wait_nodes(ctl.status_addr, ["bench"], [a for a, _ in procs.bench], 30)
         return
-    ncpu = len(os.sched_getaffinity(0))
-    cpus = f"0-{min(ncpu, agent_cores or ncpu) - 1}" if ncpu > 1 else "0"
+    n = _agent_cores(False, agent_cores)
+    cpus = f"0-{n - 1}" if n > 1 else "0"
     procs.agents.append(start_real_agent(ctl.agents_addr, "bench", "process", cpus, procs.workdir))
     wait_nodes(ctl.status_addr, ["bench"], procs.agents, 30)
 
@@ -316,6 +341,7 @@ def run_burst(
         "actions": actions,
         "sandboxes_per_client": sandboxes,
         "agent": "instant bench agent" if instant else "python -m agent --executor process",
+        "agent_cores": _agent_cores(instant, agent_cores),
         "layout": "controller, agent and each client in its own process",
         "machine_cores": os.cpu_count(),
         "goals": GOALS,
@@ -333,6 +359,7 @@ def run_burst(
         out.update(_sum_clients(reports))
         out["controller"] = controller_figures(ctl, status, cpu0)
         out.update(_resent(out))
+        out.update(_per_action(out))
     except (RuntimeError, TimeoutError, OSError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -398,7 +425,13 @@ def _rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"≤ {GOALS['status_answer_max_s']} s",
         ),
         ("controller RSS peak", f"{c.get('rss_peak_mib')} MiB", f"≤ {GOALS['controller_rss_peak_mib']} MB"),
-        ("controller CPU", f"{c.get('cpu_s')} s", "-"),
+        (
+            "CPU: controller / clients (per action)",
+            f"{c.get('cpu_s')} s / {doc.get('clients_cpu_s')} s "
+            f"({_fmt(doc.get('controller_cpu_ms_per_action'))} / "
+            f"{_fmt(doc.get('clients_cpu_ms_per_action'))} ms)",
+            "-",
+        ),
         (
             "decide p99 (highest sample) / max",
             f"{_fmt(st.get('decide_p99_max_ms'))} / {_fmt(decide.get('max_ms'))} ms",
@@ -424,7 +457,8 @@ def _print(doc: dict[str, Any]) -> None:
     if "error" in doc and "completed" not in doc:
         console.print(f"burst failed: {doc['error']}", markup=False, highlight=False)
         return
-    title = f"tangram bench burst: {doc['actions']} no-op execs, {doc['clients']} clients ({doc['agent']})"
+    title = f"tangram bench burst: {doc['actions']} no-op execs, {doc['clients']} clients ({doc['agent']}, "
+    title += f"{doc.get('agent_cores')} cores)"
     table = Table(title=title)
     met = goals_met(doc)
     for col in ("figure", "measured", "goal", "met"):
@@ -474,7 +508,8 @@ def _fmt(v: float | None) -> str:
     "--agent-cores",
     type=click.IntRange(1, 4096),
     default=None,
-    help="Cores the agent offers (default: this machine's; 16 with --instant).",
+    help=f"Cores the agent offers (default: this machine's; {INSTANT_CORES} with --instant, one node of "
+    "`tangram bench scale`: fewer bound the run by the agent's round trips).",
 )
 @click.option(
     "--timeout",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -35,5 +36,9 @@ def test_bench_burst_every_exec_answered_once(instant: bool) -> None:
     assert {"joined", "replayed"} <= set(ctl["counters"])
     assert doc["resent_fraction"] is not None
     assert doc["actions_per_s"] > 0
+    assert doc["clients_cpu_s"] > 0  # the clients' own CPU over the burst
+    assert doc["controller_cpu_ms_per_action"] > 0
+    assert doc["clients_cpu_ms_per_action"] == pytest.approx(doc["clients_cpu_s"] * 1e3 / 200, abs=1e-3)
+    assert doc["agent_cores"] == (256 if instant else len(os.sched_getaffinity(0)))
     if instant:
         assert doc["bench_agent"]["spawns"] == doc["bench_agent"]["results"] >= 200
