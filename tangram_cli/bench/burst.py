@@ -295,18 +295,16 @@ def _agent_cores(instant: bool, agent_cores: int | None) -> int:
     return min(ncpu, agent_cores or ncpu)
 
 
-def _start_agent(procs: Procs, instant: bool, agent_cores: int | None) -> None:
-    """One agent named `bench`: the instant bench agent, or the real agent with the process executor."""
+def _start_agent(procs: Procs, instant: bool, cores: int) -> None:
+    """One agent named `bench` offering `cores` (`_agent_cores`): the instant bench agent, or the real
+    agent with the process executor on cores 0 to `cores` - 1."""
     assert procs.ctl is not None
     ctl = procs.ctl
     if instant:
-        procs.bench = start_bench_agents(
-            ctl.agents_addr, ["bench"], 1, _agent_cores(True, agent_cores), "instant", procs.workdir
-        )
+        procs.bench = start_bench_agents(ctl.agents_addr, ["bench"], 1, cores, "instant", procs.workdir)
         wait_nodes(ctl.status_addr, ["bench"], [a for a, _ in procs.bench], 30)
         return
-    n = _agent_cores(False, agent_cores)
-    cpus = f"0-{n - 1}" if n > 1 else "0"
+    cpus = f"0-{cores - 1}" if cores > 1 else "0"
     procs.agents.append(start_real_agent(ctl.agents_addr, "bench", "process", cpus, procs.workdir))
     wait_nodes(ctl.status_addr, ["bench"], procs.agents, 30)
 
@@ -349,7 +347,7 @@ def run_burst(
     procs = Procs(bench_workdir(logs, "tangram-burst-"), keep=bool(logs))
     try:
         ctl = procs.ctl = ControllerProc(procs.workdir, log_level="INFO" if logs else "WARNING").start()
-        _start_agent(procs, instant, agent_cores)
+        _start_agent(procs, instant, out["agent_cores"])
         shares = [actions // clients + (1 if k < actions % clients else 0) for k in range(clients)]
         procs.clients = _spawn_clients(ctl.submit_addr, shares, sandboxes, timeout, procs.workdir)
         cpu0 = ctl.cpu_s() or 0.0
