@@ -143,9 +143,9 @@ class Collector:
     The youngest generation is collected after `YOUNG` more tracked objects than were freed
     (Python's default: 700). A burst's backlog is young when it arrives, and what is answered a
     moment later is young too: at 10,000 the collector scanned it over and over (10^5 instant
-    execs: 69 young and 5 middle collections, 1.5 s of the controller's 18-20 s of CPU, pauses
-    up to 155 ms); at 100,000 it ran 4 times (0.4 s, the longest pause 195 ms), and the burst
-    ran 10-17% faster (docs/performance.md, eleventh round). The controller makes almost no
+    execs: 65-69 young and 5 middle collections, 1.2-1.4 s of the controller's 17-18 s of CPU,
+    pauses up to 155 ms); at 100,000 it ran 4 times (0.2-0.4 s, the longest pause 195 ms), and
+    the burst ran 12-15% faster (docs/performance.md, eleventh round). The controller makes almost no
     cyclic garbage on the action path (the same burst with collection off ended at the same RSS),
     so collecting rarely holds no memory back."""
 
