@@ -25,6 +25,9 @@ Measured, in one run per executor:
   and a plain `os.posix_spawn` loop (vfork + exec, reaped through pidfds) at the same
   concurrency. The asyncio loop runs again once the daemons are gone; `ratio_to_raw_spawn` is
   the throughput over the mean of its two runs.
+- With `--floor`, the layout's floor (`tangram bench floor`): the same processes and hops with trivial
+  logic in each, run after the process executor's throughput run; `ratio_to_floor` is the throughput
+  over the floor's.
 
 Figures only; the goals (issue 9) are printed next to them with PASS/FAIL, never asserted.
 """
@@ -51,6 +54,7 @@ from rich.table import Table
 
 import tangram
 from tangram_cli import keys as cluster_keys
+from tangram_cli.bench.floor import default_cpus, run_variant
 from tangram_cli.bench.goals import at_least, at_most, styled, summary
 from tangram_cli.bench.procs import (
     ChildCpu,
@@ -326,6 +330,7 @@ async def _bench_one(
     layout: str,
     curve: bool = False,
     staging: bool = True,
+    floor: bool = False,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "executor": executor,
@@ -353,9 +358,23 @@ async def _bench_one(
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         await cluster.stop()
+    if floor and executor == "process" and "throughput_actions_per_s" in out:
+        await _floor(out, n, clients, cpus)
     if "throughput_actions_per_s" in out and "raw_spawn_actions_per_s" in out:
         await _raw_after(out, n, clients, cpus)
     return out
+
+
+async def _floor(out: dict[str, Any], n: int, clients: int, cpus: str) -> None:
+    """`tangram bench floor`'s `spawners` variant right after the throughput run, and the ratio to it."""
+    try:
+        row = await asyncio.to_thread(run_variant, "spawners", n, clients, cores_of(cpus))
+    except (OSError, RuntimeError, ValueError) as exc:
+        out["floor_error"] = f"{type(exc).__name__}: {exc}"
+        return
+    out.update(floor_actions_per_s=row["actions_per_s"], floor_latency_p50_ms=row["latency_p50_ms"],
+               floor_cpu_ms_per_action=row["floor_cpu_ms_per_action"],
+               ratio_to_floor=out["throughput_actions_per_s"] / row["actions_per_s"])
 
 
 async def _raw_after(out: dict[str, Any], n: int, clients: int, cpus: str) -> None:
@@ -392,6 +411,8 @@ _FIGURES = (
     ("raw spawn (asyncio): mean", ("raw_spawn_actions_per_s",), "{:.0f}", " /s", None, ""),
     ("raw spawn (posix_spawn)", ("raw_posix_spawn_actions_per_s",), "{:.0f}", " /s", None, ""),
     ("ratio to raw spawn", ("ratio_to_raw_spawn",), "{:.2f}", "x", "ratio_to_raw_spawn", "≥ {}x"),
+    ("the layout's floor (--floor)", ("floor_actions_per_s",), "{:.0f}", " /s", None, ""),
+    ("ratio to the floor", ("ratio_to_floor",), "{:.2f}", "x", None, ""),
     ("core hold p50: run + controller", ("hold_run_p50_ms", "hold_controller_p50_ms"), "{:.2f}", " ms", None,
      ""),
     ("cores / mean hold", ("hold_bound_actions_per_s",), "{:.0f}", " /s", None, ""),
@@ -502,6 +523,13 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     help="Decide each start only once its cores are free (scheduler.stage_starts: false, the default of "
     "`tangram up`); without it the bench's controller runs with staged starts on, to measure them.",
 )
+@click.option(
+    "--floor",
+    "with_floor",
+    is_flag=True,
+    help="Also run `tangram bench floor` (its spawners variant) after the process executor's throughput "
+    "run, and print the throughput as a ratio of it.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def dispatch(
     n: int,
@@ -512,12 +540,13 @@ def dispatch(
     layout: str,
     curve: bool,
     no_staging: bool,
+    with_floor: bool,
     as_json: bool,
 ) -> None:
     """Per-action overhead (p50/p99) and control-plane throughput, per executor, next to raw spawns."""
     logging.getLogger("tangram").setLevel(logging.ERROR)
     if cpus is None:
-        cpus = "0-1" if len(os.sched_getaffinity(0)) >= 2 else "0"
+        cpus = default_cpus()
     chosen = list(executors) or ["process"]
     docker_env: dict[str, str] = {}
     if not executors or "docker" in executors:
@@ -543,6 +572,7 @@ def dispatch(
                     layout,
                     curve,
                     not no_staging,
+                    with_floor,
                 )
             )
         return rows

@@ -21,14 +21,15 @@ DURATIONS = (
 
 @click.group("bench")
 def command() -> None:
-    """Benchmarks: scheduler decision latency, dispatch overhead, burst and scale of the live controller,
-    crash recovery (chaos), warm sandbox pools."""
+    """Benchmarks: scheduler decision latency, dispatch overhead (and the floor of its layout), burst and
+    scale of the live controller, crash recovery (chaos), warm sandbox pools."""
 
 
 command.add_command(scheduler)
 
 for _module, _name in (
     ("tangram_cli.bench.dispatch", "dispatch"),
+    ("tangram_cli.bench.floor", "floor"),
     ("tangram_cli.bench.burst", "burst"),
     ("tangram_cli.bench.scale", "scale"),
     ("tangram_cli.bench.chaos", "chaos"),

@@ -1,27 +1,28 @@
-"""The floor of the process executor's layout: what `tangram bench dispatch`'s throughput run would reach
-if every process on the path did almost nothing but pass the action on (docs/performance.md, "Twelfth round").
+"""`tangram bench floor`: the floor of the process executor's layout, what `tangram bench dispatch`'s
+throughput run would reach if every process on the path did almost nothing but pass the action on
+(docs/performance.md, "Twelfth round"). `tangram bench dispatch --floor` runs it in the same run as its
+own throughput and prints `ratio_to_floor`.
 
-    python3 scripts/path_floor.py [-n 4000] [--variant spawners] [--variant direct] [--rounds 1] [--json]
-
-The same processes and hops as the throughput run: a client process holding 16 DEALER sockets (one per
-sandbox, each running its next no-op as soon as its reply comes), a controller process (two ROUTER
-sockets on 127.0.0.1 TCP, msgpack frames, two starts per core: one running, one staged on the agent), an
-agent process (a DEALER to the controller; three pipes per action, read after the exit), and
+The same processes and hops as the throughput run: a client process holding one DEALER socket per
+sandbox (`--clients`, each running its next no-op as soon as its reply comes), a controller process (two
+ROUTER sockets on 127.0.0.1 TCP, msgpack frames, two starts per core: one running, one staged on the
+agent), an agent process (a DEALER to the controller; three pipes per action, read after the exit), and
 `/bin/sh -c true` pinned to the action's core. The logic is a deque and a dict in each. Variants:
 
-- ``spawners``: 16 of the agent's real spawners (``agent/executors/proc_spawner.py``, plain mode: one per
-  sandbox, as contained sandboxes have; they pin with ``sched_setaffinity`` and do not move between
+- ``spawners``: one of the agent's real spawners per sandbox (``agent/executors/proc_spawner.py``, plain
+  mode, as contained sandboxes have one each; they pin with ``sched_setaffinity`` and do not move between
   cgroups, which costs about 30 us per action more in Tangram, measured separately);
 - ``direct``: no spawner: the agent ``posix_spawn``s itself with its thread pinned for the call and
   reaps through pidfds (what Tangram's agent does when it has no spawner).
 
-Each round measures the asyncio ``taskset -c N true`` baseline of the dispatch bench before and after
-the variants and prints, per variant: actions/s, its ratio to the baseline's mean, and the CPU per
-action of each process (from ``/proc``). Standard library plus pyzmq and msgpack; loopback only.
+Each round measures the dispatch bench's asyncio ``taskset -c N true`` baseline before and after the
+variants and prints, per variant: the p50 latency of ``n / 4`` no-ops one after another from one sandbox
+(the bench's latency figure), the throughput's actions/s, its ratio to the baseline's mean, and the CPU
+per action of each process during the throughput (from ``/proc``). The child processes run this module
+(``python -m tangram_cli.bench.floor ROLE ...``); loopback only.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import json
@@ -29,20 +30,24 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from typing import Any
 
+import click
 import msgpack
 import zmq
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tangram_cli.bench.raw_spawn import cores_of, raw_spawn_asyncio
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPAWNER = os.path.join(ROOT, "agent", "executors", "proc_spawner.py")
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 ARGV = ["/bin/sh", "-c", "true"]
-SANDBOXES = 16
-CORES = tuple(sorted(os.sched_getaffinity(0))[:2])  # the dispatch bench's two cores (one on one)
+VARIANTS = ("spawners", "direct")
 
 
-def controller() -> None:
+def controller(cores: list[int]) -> None:
     """Queue every request; hand the agent two per core; pass each result back to its client."""
     ctx = zmq.Context()
     front, back = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
@@ -52,7 +57,7 @@ def controller() -> None:
     poller = zmq.Poller()
     poller.register(front, zmq.POLLIN)
     poller.register(back, zmq.POLLIN)
-    agent, slots, queue, who = None, [c for c in CORES for _ in range(2)], collections.deque(), {}
+    agent, slots, queue, who = None, [c for c in cores for _ in range(2)], collections.deque(), {}
     while True:
         ready = dict(poller.poll())
         for ident, body in _drain(front) if front in ready else ():
@@ -102,17 +107,17 @@ class _Spawner:
 class _Agent:
     """Run what the controller hands over, one action per core at a time, the next at the exit."""
 
-    def __init__(self, endpoint: str, variant: str) -> None:
+    def __init__(self, endpoint: str, variant: str, cores: list[int], sandboxes: int) -> None:
         self.sock = zmq.Context().socket(zmq.DEALER)
         self.sock.connect(endpoint)
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
-        self.spawners = [_Spawner() for _ in range(SANDBOXES)] if variant == "spawners" else []
+        self.spawners = [_Spawner() for _ in range(sandboxes)] if variant == "spawners" else []
         self.by_fd = {sp.sock.fileno(): sp for sp in self.spawners}
         for fd in self.by_fd:
             self.poller.register(fd, zmq.POLLIN)
         self.null = os.open(os.devnull, os.O_RDONLY)
-        self.waiting: dict[int, collections.deque] = {c: collections.deque() for c in CORES}
+        self.waiting: dict[int, collections.deque] = {c: collections.deque() for c in cores}
         self.busy: dict[int, dict] = {}
         self.jobs: dict[int, dict] = {}  # request id (spawners) or pidfd (direct) -> job
         self.cores = os.sched_getaffinity(0)
@@ -193,15 +198,24 @@ def _drain_one(sock: zmq.Socket) -> list[bytes]:
             return out
 
 
-def clients(endpoint: str, n: int) -> None:
-    """16 sandboxes' worth of sequential no-ops; says "ready", waits for a line, runs, prints the rate."""
+def clients(endpoint: str, n: int, sandboxes: int) -> None:
+    """Sequential no-ops per sandbox; says "ready", waits for a line, measures the latency, prints it,
+    waits for a line, runs the throughput, prints its wall and CPU time."""
     ctx = zmq.Context()
-    socks = [ctx.socket(zmq.DEALER) for _ in range(SANDBOXES)]
+    socks = [ctx.socket(zmq.DEALER) for _ in range(sandboxes)]
     poller, index = zmq.Poller(), {s: k for k, s in enumerate(socks)}
     for s in socks:
         s.connect(endpoint)
         poller.register(s, zmq.POLLIN)
     print("ready", flush=True)
+    sys.stdin.readline()
+    latency = []  # first one after another, one in flight: the dispatch bench's latency figure
+    for i in range(max(1, n // 4)):
+        t = time.perf_counter()
+        socks[0].send(msgpack.packb({"id": i, "sandbox": 0, "cmd": "true"}))
+        socks[0].recv()
+        latency.append(time.perf_counter() - t)
+    print(json.dumps({"p50_ms": sorted(latency)[len(latency) // 2] * 1e3}), flush=True)
     sys.stdin.readline()
     t0, c0, sent, done = time.perf_counter(), time.process_time(), 0, 0
 
@@ -210,7 +224,7 @@ def clients(endpoint: str, n: int) -> None:
         socks[k].send(msgpack.packb({"id": sent, "sandbox": k, "cmd": "true"}))
         sent += 1
 
-    for k in range(min(SANDBOXES, n)):
+    for k in range(min(sandboxes, n)):
         submit(k)
     while done < n:
         for s, _ in poller.poll():
@@ -223,56 +237,82 @@ def clients(endpoint: str, n: int) -> None:
 
 
 def _cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_variant(variant: str, n: int) -> dict:
-    """One variant's run: start the three processes, time the clients' n no-ops, read everyone's CPU."""
-    me = [sys.executable, os.path.abspath(__file__)]
-    pipe = {"stdout": subprocess.PIPE, "text": True}
-    ctl = subprocess.Popen(me + ["_controller"], **pipe)
-    procs = [ctl]
+def run_variant(variant: str, n: int, sandboxes: int, cores: list[int],
+                timeout_s: float = 300.0) -> dict[str, Any]:
+    """One variant's run: start the three processes, time the clients' no-ops (latency, then throughput),
+    read everyone's CPU. Every process is killed after ``timeout_s`` (a RuntimeError then)."""
+    me = [sys.executable, "-m", "tangram_cli.bench.floor"]
+    pipe: dict[str, Any] = {"stdout": subprocess.PIPE, "text": True, "cwd": ROOT}
+    cpus = ",".join(map(str, cores))
+    procs = [subprocess.Popen([*me, "_controller", cpus], **pipe)]
+    watchdog = threading.Timer(timeout_s, lambda: [p.kill() for p in procs])
+    watchdog.start()
     try:
-        front, back = json.loads(ctl.stdout.readline())
-        agent = subprocess.Popen(me + ["_agent", back, variant], **pipe)
-        procs.append(agent)
-        spawners = json.loads(agent.stdout.readline())
-        cl = subprocess.Popen(me + ["_clients", front, str(n)], stdin=subprocess.PIPE, **pipe)
-        procs.append(cl)
-        if cl.stdout.readline().strip() != "ready":
-            raise RuntimeError("the clients did not start")
+        ctl = procs[0]
+        front, back = json.loads(_line(ctl))
+        procs.append(subprocess.Popen([*me, "_agent", back, variant, cpus, str(sandboxes)], **pipe))
+        agent = procs[-1]
+        spawners = json.loads(_line(agent))
+        procs.append(subprocess.Popen([*me, "_clients", front, str(n), str(sandboxes)], stdin=subprocess.PIPE,
+                                      **pipe))
+        cl = procs[-1]
+        if _line(cl).strip() != "ready":
+            raise RuntimeError("the floor's clients did not start")
         time.sleep(0.3)  # every DEALER connected
+        _go(cl)
+        p50 = json.loads(_line(cl))["p50_ms"]
         pids = {"controller": [ctl.pid], "agent": [agent.pid], "spawners": spawners}
         before = {k: sum(_cpu_s(p) for p in v) for k, v in pids.items()}
-        cl.stdin.write("go\n")
-        cl.stdin.flush()
-        done = json.loads(cl.stdout.readline())
+        _go(cl)
+        done = json.loads(_line(cl))
         used = {k: sum(_cpu_s(p) for p in v) - before[k] for k, v in pids.items()}
     finally:
+        watchdog.cancel()
         for p in procs:
             p.kill()
             p.wait()
+            for stream in (p.stdin, p.stdout):
+                if stream is not None:
+                    stream.close()
     used["clients"] = done["cpu_s"]
-    row = {"variant": variant, "n": n, "actions_per_s": n / done["wall_s"]}
+    row: dict[str, Any] = {"variant": variant, "n": n, "latency_p50_ms": p50}
+    row["actions_per_s"] = n / done["wall_s"]
     row.update({f"{k}_cpu_ms_per_action": v / n * 1e3 for k, v in used.items()})
     row["floor_cpu_ms_per_action"] = sum(used.values()) / n * 1e3
     return row
 
 
-def measure(n: int, variants: list[str], rounds: int) -> list[dict]:
-    sys.path.insert(0, ROOT)
-    from tangram_cli.bench.raw_spawn import raw_spawn_asyncio
+def _line(proc: subprocess.Popen) -> str:
+    line = proc.stdout.readline() if proc.stdout else ""
+    if not line:
+        raise RuntimeError(f"a floor process ended early (exit {proc.poll()}), or ran past the timeout")
+    return line
 
-    def raw() -> float:
-        cpus = ",".join(map(str, CORES))
-        return asyncio.run(raw_spawn_asyncio(min(n, 2000), SANDBOXES, cpus))["actions_per_s"]
+
+def _go(proc: subprocess.Popen) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+
+
+async def measure(n: int, variants: list[str], rounds: int, sandboxes: int,
+                  cpus: str) -> list[dict[str, Any]]:
+    """``rounds`` rounds of the variants, each round between two runs of the asyncio baseline."""
+    cores = cores_of(cpus)
+
+    async def raw() -> float:
+        return float((await raw_spawn_asyncio(min(n, 2000), sandboxes, cpus))["actions_per_s"])
 
     rows = []
     for r in range(rounds):
-        before = raw()
-        got = [run_variant(v, n) for v in variants]
-        after = raw()
+        before = await raw()
+        got = [await asyncio.to_thread(run_variant, v, n, sandboxes, cores) for v in variants]
+        after = await raw()
         for row in got:
             row.update(round=r + 1, raw_before_actions_per_s=before, raw_after_actions_per_s=after,
                        ratio_to_raw_spawn=row["actions_per_s"] / ((before + after) / 2))
@@ -280,35 +320,56 @@ def measure(n: int, variants: list[str], rounds: int) -> list[dict]:
     return rows
 
 
-def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
-        role, args = sys.argv[1], sys.argv[2:]
-        if role == "_controller":
-            controller()
-        elif role == "_agent":
-            _Agent(args[0], args[1]).serve()
-        elif role == "_clients":
-            clients(args[0], int(args[1]))
-        return 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-n", type=int, default=4000, help="no-op actions per variant and round")
-    ap.add_argument("--variant", action="append", choices=["spawners", "direct"],
-                    help="what starts the actions (default: both)")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds, each between two baseline runs")
-    ap.add_argument("--json", action="store_true", help="print JSON rows instead of lines")
-    a = ap.parse_args()
-    rows = measure(a.n, a.variant or ["spawners", "direct"], a.rounds)
-    if a.json:
-        print(json.dumps(rows, indent=2))
-        return 0
+def _print_rows(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         cpu = ", ".join(f"{k.split('_cpu')[0]} {v:.3f}" for k, v in row.items()
                         if k.endswith("_cpu_ms_per_action"))
-        print(f"round {row['round']} {row['variant']:>8}: {row['actions_per_s']:6.0f} /s, "
-              f"{row['ratio_to_raw_spawn']:.2f}x raw (before {row['raw_before_actions_per_s']:.0f}, after "
-              f"{row['raw_after_actions_per_s']:.0f}); CPU ms per action: {cpu}")
-    return 0
+        click.echo(f"round {row['round']} {row['variant']:>8}: p50 {row['latency_p50_ms']:.2f} ms, "
+                   f"{row['actions_per_s']:6.0f} /s, "
+                   f"{row['ratio_to_raw_spawn']:.2f}x raw (before {row['raw_before_actions_per_s']:.0f}, "
+                   f"after {row['raw_after_actions_per_s']:.0f}); CPU ms per action: {cpu}")
+
+
+@click.command("floor")
+@click.option("-n", "n", type=click.IntRange(1, 1_000_000), default=4000, show_default=True,
+              help="No-op actions per variant and round (the latency run takes a quarter as many).")
+@click.option("--variant", "variants", type=click.Choice(VARIANTS), multiple=True,
+              help="What starts the actions: one spawner per sandbox, or the agent itself (default: both).")
+@click.option("--rounds", type=click.IntRange(1, 100), default=1, show_default=True,
+              help="Rounds, each between two runs of the raw baseline.")
+@click.option("--clients", type=click.IntRange(1, 1024), default=16, show_default=True,
+              help="Sandboxes, one client socket each (the dispatch bench's --clients).")
+@click.option("--cpus", default=None, help="Cores the actions run on (default: 0-1, or 0 on one core).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def floor(n: int, variants: tuple[str, ...], rounds: int, clients: int, cpus: str | None,
+          as_json: bool) -> None:
+    """The process executor's layout with trivial logic in each process: what `bench dispatch` would
+    reach if Tangram's own Python cost nothing, next to the same raw baseline."""
+    rows = asyncio.run(measure(n, list(variants or VARIANTS), rounds, clients, cpus or default_cpus()))
+    if as_json:  # no goals of its own: it is what `bench dispatch --floor` divides by
+        click.echo(json.dumps({"floor": rows, "met": {}}, indent=2))
+    else:
+        _print_rows(rows)
+        click.echo("goals: none (the floor is what `tangram bench dispatch --floor` compares with)")
+
+
+def default_cpus() -> str:
+    """The dispatch bench's default cores: 0-1, or 0 on one core."""
+    return "0-1" if len(os.sched_getaffinity(0)) >= 2 else "0"
+
+
+def _role(role: str, args: list[str]) -> None:
+    """A child process of ``run_variant``."""
+    if role == "_controller":
+        controller(cores_of(args[0]))
+    elif role == "_agent":
+        _Agent(args[0], args[1], cores_of(args[2]), int(args[3])).serve()
+    elif role == "_clients":
+        clients(args[0], int(args[1]), int(args[2]))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
+        _role(sys.argv[1], sys.argv[2:])
+    else:  # pragma: no cover
+        floor()
