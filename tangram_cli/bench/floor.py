@@ -79,6 +79,7 @@ def controller(cores: list[int]) -> None:
 
 
 def _drain(sock: zmq.Socket) -> list[list[bytes]]:
+    """Every message ready on ``sock``, each as its frames."""
     out = []
     while True:
         try:
@@ -170,7 +171,7 @@ class _Agent:
                     self.poller.unregister(fd)
                     os.close(fd)
                     self.finish(job, os.waitstatus_to_exitcode(os.waitpid(job["pid"], 0)[1]), results)
-            for body in _drain_one(self.sock):
+            for (body,) in _drain(self.sock):
                 for req in msgpack.unpackb(body)["spawns"]:
                     if req["core"] in self.busy:
                         self.waiting[req["core"]].append(req)
@@ -186,15 +187,6 @@ def _recv_all(sock: socket.socket) -> list[bytes]:
         try:
             out.append(sock.recv(4096))
         except BlockingIOError:
-            return out
-
-
-def _drain_one(sock: zmq.Socket) -> list[bytes]:
-    out = []
-    while True:
-        try:
-            out.append(sock.recv(zmq.NOBLOCK))
-        except zmq.Again:
             return out
 
 
@@ -228,7 +220,7 @@ def clients(endpoint: str, n: int, sandboxes: int) -> None:
         submit(k)
     while done < n:
         for s, _ in poller.poll():
-            for _ in _drain_one(s):
+            for _ in _drain(s):
                 done += 1
                 if sent < n:
                     submit(index[s])
