@@ -165,7 +165,7 @@ class _Agent:
                 if fd in self.by_fd:
                     for data in _recv_all(self.by_fd[fd].sock):
                         msg = json.loads(data)
-                        self.finish(self.jobs.pop(msg["id"]), msg["exit"], results)
+                        self.finish(self.jobs.pop(msg["id"]), msg.get("exit", -1), results)  # -1: "error"
                 elif fd in self.jobs:
                     job = self.jobs.pop(fd)
                     self.poller.unregister(fd)
@@ -241,13 +241,14 @@ def run_variant(variant: str, n: int, sandboxes: int, cores: list[int],
     me = [sys.executable, "-m", "tangram_cli.bench.floor"]
     pipe: dict[str, Any] = {"stdout": subprocess.PIPE, "text": True, "cwd": ROOT}
     cpus = ",".join(map(str, cores))
-    procs = [subprocess.Popen([*me, "_controller", cpus], **pipe)]
+    procs = [subprocess.Popen([*me, "_controller", cpus], stdin=subprocess.DEVNULL, **pipe)]
     watchdog = threading.Timer(timeout_s, lambda: [p.kill() for p in procs])
     watchdog.start()
     try:
         ctl = procs[0]
         front, back = json.loads(_line(ctl))
-        procs.append(subprocess.Popen([*me, "_agent", back, variant, cpus, str(sandboxes)], **pipe))
+        procs.append(subprocess.Popen([*me, "_agent", back, variant, cpus, str(sandboxes)],
+                                      stdin=subprocess.DEVNULL, **pipe))
         agent = procs[-1]
         spawners = json.loads(_line(agent))
         procs.append(subprocess.Popen([*me, "_clients", front, str(n), str(sandboxes)], stdin=subprocess.PIPE,
@@ -337,7 +338,16 @@ def floor(n: int, variants: tuple[str, ...], rounds: int, clients: int, cpus: st
           as_json: bool) -> None:
     """The process executor's layout with trivial logic in each process: what `bench dispatch` would
     reach if Tangram's own Python cost nothing, next to the same raw baseline."""
-    rows = asyncio.run(measure(n, list(variants or VARIANTS), rounds, clients, cpus or default_cpus()))
+    cpus = cpus or default_cpus()
+    try:
+        missing = sorted(set(cores_of(cpus)) - os.sched_getaffinity(0))
+    except ValueError:
+        raise click.BadParameter(f"{cpus!r} is not a list of cores such as 0-1 or 0,2",
+                                 param_hint="--cpus") from None
+    if missing:
+        raise click.BadParameter(f"cores {missing} are not this process's to use (it may use "
+                                 f"{sorted(os.sched_getaffinity(0))})", param_hint="--cpus")
+    rows = asyncio.run(measure(n, list(variants or VARIANTS), rounds, clients, cpus))
     if as_json:  # no goals of its own: it is what `bench dispatch --floor` divides by
         click.echo(json.dumps({"floor": rows, "met": {}}, indent=2))
     else:

@@ -40,6 +40,13 @@ def test_floor_prints_a_line_per_variant_and_round() -> None:
     assert all("x raw (before" in line for line in lines)
 
 
+def test_floor_refuses_cores_it_may_not_use() -> None:
+    result = CliRunner().invoke(floor, ["-n", "10", "--cpus", "4096"])
+    assert result.exit_code == 2 and "--cpus" in result.output and "4096" in result.output, result.output
+    result = CliRunner().invoke(floor, ["-n", "10", "--cpus", "zero"])
+    assert result.exit_code == 2 and "not a list of cores" in result.output, result.output
+
+
 def test_dispatch_with_floor_prints_the_ratio_to_it() -> None:
     args = ["-n", "20", "--clients", "2", "--executor", "process", "--floor", "--json"]
     result = CliRunner().invoke(dispatch, args)
