@@ -54,7 +54,7 @@ from rich.table import Table
 
 import tangram
 from tangram_cli import keys as cluster_keys
-from tangram_cli.bench.floor import default_cpus, run_variant
+from tangram_cli.bench.floor import run_variant
 from tangram_cli.bench.goals import at_least, at_most, styled, summary
 from tangram_cli.bench.procs import (
     ChildCpu,
@@ -66,7 +66,7 @@ from tangram_cli.bench.procs import (
     start_real_agent,
     wait_nodes,
 )
-from tangram_cli.bench.raw_spawn import cores_of, pct_or_nan, raw_baselines, raw_spawn_asyncio
+from tangram_cli.bench.raw_spawn import cores_of, default_cpus, pct_or_nan, raw_baselines, raw_spawn_asyncio
 from tangram_cli.state import query_status
 
 GOALS = {

@@ -38,10 +38,10 @@ import click
 import msgpack
 import zmq
 
-from tangram_cli.bench.raw_spawn import cores_of, raw_spawn_asyncio
+from tangram_cli.bench.procs import pct, proc_cpu_s
+from tangram_cli.bench.raw_spawn import cores_of, default_cpus, raw_spawn_asyncio
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SPAWNER = os.path.join(ROOT, "agent", "executors", "proc_spawner.py")
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 ARGV = ["/bin/sh", "-c", "true"]
 VARIANTS = ("spawners", "direct")
@@ -92,8 +92,10 @@ class _Spawner:
     """One of the agent's real spawners (plain mode), over its SOCK_SEQPACKET protocol."""
 
     def __init__(self) -> None:
+        from agent.executors.spawner import PROC_SCRIPT  # the agent's own; only the floor's agent needs it
+
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen([sys.executable, "-I", "-S", SPAWNER, json.dumps({"mode": "plain"})],
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", PROC_SCRIPT, json.dumps({"mode": "plain"})],
                                      stdin=theirs, close_fds=True)
         theirs.close()
         if b"ready" not in self.sock.recv(4096):
@@ -207,7 +209,7 @@ def clients(endpoint: str, n: int, sandboxes: int) -> None:
         socks[0].send(msgpack.packb({"id": i, "sandbox": 0, "cmd": "true"}))
         socks[0].recv()
         latency.append(time.perf_counter() - t)
-    print(json.dumps({"p50_ms": sorted(latency)[len(latency) // 2] * 1e3}), flush=True)
+    print(json.dumps({"p50_ms": (pct(latency, 0.5) or 0.0) * 1e3}), flush=True)
     sys.stdin.readline()
     t0, c0, sent, done = time.perf_counter(), time.process_time(), 0, 0
 
@@ -229,9 +231,11 @@ def clients(endpoint: str, n: int, sandboxes: int) -> None:
 
 
 def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """``proc_cpu_s`` of a process that must still run (every floor process does until the end)."""
+    cpu = proc_cpu_s(pid)
+    if cpu is None:
+        raise RuntimeError(f"floor process {pid} ended early")
+    return cpu
 
 
 def run_variant(variant: str, n: int, sandboxes: int, cores: list[int],
@@ -353,11 +357,6 @@ def floor(n: int, variants: tuple[str, ...], rounds: int, clients: int, cpus: st
     else:
         _print_rows(rows)
         click.echo("goals: none (the floor is what `tangram bench dispatch --floor` compares with)")
-
-
-def default_cpus() -> str:
-    """The dispatch bench's default cores: 0-1, or 0 on one core."""
-    return "0-1" if len(os.sched_getaffinity(0)) >= 2 else "0"
 
 
 def _role(role: str, args: list[str]) -> None:

@@ -33,6 +33,7 @@ import click
 
 from tangram_cli.bench.goals import at_most, styled, summary
 from tangram_cli.bench.procs import ControllerProc, pct, start_real_agent, stop_proc, wait_nodes
+from tangram_cli.bench.raw_spawn import default_cpus
 from tangram_cli.state import query_status
 
 NODE = "poolbench"
@@ -229,7 +230,7 @@ def pool(n: int, burst: int, gap: float, refill_window: float, cpus: str | None,
          as_json: bool) -> None:
     """Open + first exec p50 against a later exec's, with and without a warm sandbox pool, and a burst."""
     if cpus is None:
-        cpus = "0-1" if len(os.sched_getaffinity(0)) >= 2 else "0"
+        cpus = default_cpus()
     try:
         client = _docker()
     except Exception as exc:  # noqa: BLE001 - any failure means "no docker"

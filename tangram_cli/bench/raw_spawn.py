@@ -30,6 +30,11 @@ def cores_of(cpus: str) -> list[int]:
     return out or [0]
 
 
+def default_cpus() -> str:
+    """The benches' default cores for their agent (and the floor's actions): 0-1, or 0 on one core."""
+    return "0-1" if len(os.sched_getaffinity(0)) >= 2 else "0"
+
+
 def _spawn_argv(core: int) -> list[str]:
     taskset = shutil.which("taskset")
     return [taskset, "-c", str(core), "true"] if taskset else ["true"]
