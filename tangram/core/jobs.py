@@ -146,6 +146,8 @@ class JobBook:
     # -- the CPU manager's hooks (CpuManager.on_bind / on_unbind): memory per job ----------------
     def on_bind(self, sandbox: str, client: str, mib: int) -> None:
         self.on_unbind(sandbox)
+        if mib <= 0:  # a sandbox without a memory limit reserves nothing to count
+            return
         job = self.job_of(client)
         self._mem_of[sandbox] = (job, mib)
         self.mem[job] = self.mem.get(job, 0) + mib
@@ -155,11 +157,11 @@ class JobBook:
         if got is None:
             return
         job, mib = got
-        left = self.mem[job] - mib
-        if left:
+        left = self.mem.get(job, 0) - mib
+        if left > 0:
             self.mem[job] = left
         else:
-            del self.mem[job]
+            self.mem.pop(job, None)
 
     def dominant_share(self, job: str, cores: int, mem_mib: int) -> float:
         """``job``'s dominant share now, before its weight (rule 3): the larger of the cores its

@@ -32,6 +32,19 @@ async def test_exec_end_to_end(controller, agent) -> None:
     await until(lambda: agent.destroyed == agent.created, what="the sandbox destroyed on the agent")
 
 
+async def test_sandboxes_without_a_memory_limit_are_destroyed_when_closed(controller, agent) -> None:
+    """Three sandboxes open at once, none with `mem` (0 MiB: the library's default), each placed by an
+    exec, then closed: every one is destroyed on the agent. (The core used to raise on the second close,
+    in the job book's memory count, and its `DestroySandbox` never went out: the sandbox stayed.)"""
+    async with tangram.AsyncClient(controller.submit_addr, name="plain") as tg:
+        async with tg.sandbox() as a, tg.sandbox() as b, tg.sandbox() as c:
+            for env in (a, b, c):
+                assert (await env.exec("true", cpus=1)).exit_code == 0
+            assert len(agent.created) == 3
+    await until(lambda: sorted(agent.destroyed) == sorted(agent.created), what="all three destroyed")
+    assert controller.core.jobs.mem == {}
+
+
 async def test_elastic_exec_gets_dop_when_cores_are_free(controller, agent) -> None:
     async with tangram.AsyncClient(controller.submit_addr) as tg, tg.sandbox() as env:
         r = await env.exec(

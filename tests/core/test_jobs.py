@@ -263,6 +263,29 @@ def test_a_pass_counts_the_memory_of_the_trajectories_it_places():
     assert st is not None and any(r.resource == "mem" and r.free == 500 for r in st.reasons)
 
 
+@pytest.mark.parametrize("mems", [(0, 0), (0, 64), (64, 0), (64, 64, 0), (0, 0, 0)])
+def test_sandboxes_without_a_memory_limit_close_cleanly(mems: tuple[int, ...]):
+    """Sandboxes of one job, some with no memory limit (0 MiB), placed and then closed one by one:
+    each close destroys its sandbox on its node and the job's memory ends at nothing. (Closing a
+    second 0-MiB sandbox used to raise in the job book's hook, after the sandbox had left the CPU
+    manager: the core's handler stopped there, and its `DestroySandbox` never went out.)"""
+    s = Scheduler(CoreConfig())
+    led = Ledger(s)
+    s.handle(node("n1", 8, mem=1_000), 0.0)
+    names = [f"t{i}" for i in range(len(mems))]
+    for name, mem in zip(names, mems, strict=True):
+        s.handle(ev.SandboxOpened(f"sb-{name}", client=name, mem_mib=mem), 0.0)
+    assert _batch(s, led, [_exec(f"x-{n}", n) for n in names], 0.0) == [f"x-{n}" for n in names]
+    assert s.jobs.mem == ({"": sum(mems)} if sum(mems) else {})
+    for n in names:
+        _finish(s, led, f"x-{n}", 1.0)
+    for k, n in enumerate(names):
+        out = s.handle(ev.SandboxClosed(f"sb-{n}"), 2.0)
+        assert [(c.node, c.sandbox) for c in out if isinstance(c, cmd.DestroySandbox)] == [("n1", f"sb-{n}")]
+        assert s.jobs.mem.get("", 0) == sum(mems[k + 1:])
+    assert s.jobs.mem == {} and s.cpu.nodes["n1"].mem_reserved == 0
+
+
 def test_gpu_calls_are_read_in_fair_order_and_capped():
     s, led = _sched(1, caps={"a": {"gpu": 2}}, clients={"ca": "a", "cb": "b"}, gpus=8)
     s.handle(ev.ServiceDefined("svc", 1000, (1,), 0.0, t_ori=5.0), 0.0)

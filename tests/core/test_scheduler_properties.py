@@ -43,7 +43,7 @@ def run_trace(seed: int, policy: str = "tangram", steps: int = 120) -> tuple[lis
         if roll < 0.15 or not sandboxes:
             name = f"sb{step}"
             sandboxes.append(name)
-            feed(ev.SandboxOpened(name, client="c", mem_mib=rng.choice([100, 1000, 3000]),
+            feed(ev.SandboxOpened(name, client="c", mem_mib=rng.choice([0, 100, 1000, 3000]),
                                   reserve=rng.choice([0, 0, 0, 1])))
         elif roll < 0.55:
             aid = f"a{step}"
