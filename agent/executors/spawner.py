@@ -257,6 +257,7 @@ class Spawner:
         self.sock.close()
         if self.ready is not None and not self.ready.done():
             self.ready.set_exception(ExecutorError(f"the spawner could not start: {why}"))
+            self.ready.exception()  # retrieved: a start that was cancelled or timed out no longer reads it
         for job in self.jobs.values():
             if not job.exit.done():  # (cancelled ones are done)
                 job.exit.set_exception(SpawnerLost(f"the spawner is gone: {why}"))
