@@ -1,6 +1,7 @@
-"""The suite's own guards: loopback-only connects."""
+"""The suite's own guards: loopback-only connects, no swallowed exceptions."""
 from __future__ import annotations
 
+import logging
 import socket
 
 import pytest
@@ -34,3 +35,29 @@ def test_loopback_connect_passes():
     srv.listen()
     with srv, socket.create_connection(srv.getsockname(), timeout=2):
         pass
+
+
+@pytest.mark.swallows_exceptions  # (it logs one on purpose: the suite-wide guard would fail it)
+def test_swallowed_exceptions_are_ours_with_a_traceback():
+    seen = guards.Swallowed()
+    root = logging.getLogger()
+    root.addHandler(seen)
+    try:
+        try:
+            {}["sb-1"]
+        except KeyError:
+            logging.getLogger("tangram.controller.driver").exception("core.handle failed for SandboxClosed")
+        logging.getLogger("tangram.controller.agents").error("prepare of svc on n1 failed: out of memory")
+        try:
+            raise ValueError("not ours")
+        except ValueError:
+            logging.getLogger("asyncssh").exception("a library's own")
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            logging.getLogger("agent.executors.spawner").exception("handling a message failed")
+    finally:
+        root.removeHandler(seen)
+    assert len(seen.seen) == 2, seen.seen
+    assert seen.seen[0].startswith("tangram.controller.driver: core.handle failed") and "KeyError" in seen.seen[0]
+    assert seen.seen[1].startswith("agent.executors.spawner: handling a message failed") and "boom" in seen.seen[1]

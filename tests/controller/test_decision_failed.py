@@ -18,7 +18,7 @@ from tangram.core.resources import CPU, Demand
 from tangram.core.scheduler import Scheduler
 
 
-@pytest.mark.core_raises
+@pytest.mark.swallows_exceptions
 async def test_a_pass_that_raises_still_sends_what_it_started(make_controller, make_agent, monkeypatch):
     c = await make_controller()
     await make_agent(c, "n1", cpus=(0, 1))

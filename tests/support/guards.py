@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import shutil
 import socket
@@ -11,6 +12,22 @@ from typing import Any
 
 violations: list[str] = []
 _installed = False
+
+
+class Swallowed(logging.Handler):
+    """Collects the exceptions our code (loggers ``tangram*`` and ``agent*``) logged with their traceback
+    and carried on from; errors logged without one (expected conditions) and other loggers are not ours
+    to judge."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.name.startswith(("tangram", "agent")):
+            exc = record.exc_info[1]
+            what = f"{record.name}: {record.getMessage()[:200]} ({type(exc).__name__}: {exc})"
+            self.seen.append(what[:400])
 
 
 def is_loopback(host: Any) -> bool:
