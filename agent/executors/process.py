@@ -34,6 +34,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -75,7 +76,7 @@ from .proc_parts import (
     tidy_relocated,
 )
 from .spawn import ChildIO, ExitWatch, kill_group, spawn_pinned
-from .spawner import Job, Spawner, plain_config, sandbox_config
+from .spawner import Job, Spawner, SpawnerLost, plain_config, sandbox_config
 from .users import CLAIMS_DIR, DEFAULT_BASE, DEFAULT_COUNT, UidPool, chown_tree, remove_owned
 
 SPAWNER_TRIES, DEFAULT_PIDS = 3, 512  # failed spawner starts before the agent spawns itself; a sandbox's pids
@@ -466,6 +467,10 @@ class ProcessExecutor:
             except asyncio.CancelledError:
                 act.stop()  # it must not outlive the request
                 raise
+            except SpawnerLost:  # its sandbox's destroy stopped the spawner before it reported the exit
+                if not (act.killed or (act.sb is not None and act.sb.gone)):
+                    raise
+                act.killed, returncode = True, -signal.SIGKILL  # (a killed action, as fastrun's _exit_code)
             await self._end_cgroup(act)  # the rest of the tree: its output ends with it
             await io.wait_eof(KILL_GRACE_S)
         finally:

@@ -257,6 +257,28 @@ async def test_nothing_outlives_a_killed_action(ex, tmp_path, how):
     assert subdirs(slots_dir(ex)) == clean(ex)
 
 
+@pytest.mark.parametrize("kill_first", [True, False])
+async def test_destroying_a_sandbox_under_a_running_action_ends_it_killed(ex, tmp_path, kill_first):
+    """The controller sends a Kill and the destroy of a gone client's sandbox back to back, and the destroy
+    may stop the sandbox's spawner before it reported the exit: the run ends killed (137), it does not fail
+    (it did, with `SpawnerLost` as an internal error and its traceback in the agent's log, in `tangram bench
+    chaos`'s client faults)."""
+    if not ex.contained:
+        pytest.skip("trusted code only: the agent's one spawner is not the sandbox's")
+    sb = str(tmp_path / "sandboxes" / "s1")
+    task = asyncio.ensure_future(ex.run(req("echo $$ > p-main; exec sleep 1000", action="victim")))
+    await wait_files(sb, ("p-main",))
+    (pid,) = recorded_pids(sb, ("p-main",))
+    if kill_first:
+        assert await ex.kill("victim")
+    await ex.destroy_sandbox("s1")
+    r = await asyncio.wait_for(task, 10)
+    assert r.exit_code == 137
+    if ex.use_spawner or kill_first:  # (the agent's own spawn, destroyed: its cgroup killed it; no Kill came)
+        assert r.killed
+    assert not running(pid)
+
+
 async def test_closing_kills_everything(ex, tmp_path):
     sb = str(tmp_path / "sandboxes" / "s1")
     task = asyncio.ensure_future(ex.run(req(ESCAPERS + "sleep 1000")))
